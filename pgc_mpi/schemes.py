@@ -1,0 +1,283 @@
+"""The straggler schemes as pure, MPI-free objects: placement, rotation, encoding, decoding.
+
+Every coded scheme answers the same questions for its drivers (the MPI master and workers and
+the simulator): which partitions a worker stores, which of them it computes fresh at a step,
+what coefficients it sends them with, when the master may decode, and with which weights.
+pbs (the bounded-staleness partition table) answers the worker-side questions and hands the
+master a PartitionTable instead of decode weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .encoding import (
+    disjoint_windows,
+    solve_exact,
+    solve_least_squares,
+    support_matrix,
+    tandon_cr_matrix,
+)
+from .errors import NotDecodable, SchemeError
+from .placement import cr_placement, fr_placement, single_placement
+from .table import PartitionTable
+
+SCHEME_NAMES = (
+    "dgd", "is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "is-gc-cr", "pgc-fr", "pgc-cr", "pbs",
+)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    placement: str  # "single", "fr" or "cr"
+    decoder: str  # "average", "groups", "tandon" or "windows"
+    pipelined: bool
+    exact: bool  # decodes the exact mean gradient (given fresh buffers)
+    waits_for_all: bool = False
+
+
+_RULES = {
+    "dgd": _Rule("single", "average", pipelined=False, exact=True, waits_for_all=True),
+    "is-sgd": _Rule("single", "average", pipelined=False, exact=False),
+    "gc-fr": _Rule("fr", "groups", pipelined=False, exact=True),
+    "gc-cr": _Rule("cr", "tandon", pipelined=False, exact=True),
+    "is-gc-fr": _Rule("fr", "groups", pipelined=False, exact=False),
+    "is-gc-cr": _Rule("cr", "windows", pipelined=False, exact=False),
+    "pgc-fr": _Rule("fr", "groups", pipelined=True, exact=True),
+    "pgc-cr": _Rule("cr", "average", pipelined=True, exact=False),
+}
+
+
+def _check_int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise SchemeError(f"{name} must be an integer, got {value!r}")
+    if value < low:
+        raise SchemeError(f"{name} must be >= {low}, got {value}")
+    return int(value)
+
+
+class Scheme:
+    """What every scheme shares: its name, n workers, s stragglers, c slots and the placement."""
+
+    name: str
+    kind: str  # "coded" (decode weights) or "table" (pbs)
+    pipelined: bool
+
+    def __init__(self, name: str, n: int, s: int, c: int, placement: list[list[int]]):
+        self.name, self.n, self.s, self.c = name, n, s, c
+        self.placement = placement
+
+    def fresh_slots(self, step: int, worker: int) -> tuple[int, ...]:
+        """Slots (indices into placement[worker]) the worker computes fresh at `step`."""
+        self._check_worker(worker)
+        if self.pipelined:
+            return (step % self.c,)
+        return tuple(range(self.c))
+
+    def _check_worker(self, worker: int) -> None:
+        if not 0 <= worker < self.n:
+            raise SchemeError(f"worker id {worker} is outside 0..{self.n - 1}")
+
+    def check_arrivals(self, arrived: Sequence[int]) -> list[int]:
+        """Arrived worker ids as a list; unknown or repeated ids are a SchemeError."""
+        ids = [int(i) for i in arrived]
+        bad = [i for i in ids if not 0 <= i < self.n]
+        if bad:
+            raise SchemeError(f"arrivals contain unknown worker ids {bad}; valid ids are 0..{self.n - 1}")
+        if len(set(ids)) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            raise SchemeError(f"arrivals contain duplicate worker ids {dup}")
+        return ids
+
+    def __repr__(self) -> str:
+        return f"make_scheme({self.name!r}, n={self.n}, s={self.s}, c={self.c})"
+
+
+class CodedScheme(Scheme):
+    """A scheme whose workers send one coded message per step and whose master decodes it.
+
+    Worker i sends m_i = sum_j B[i, j] * buffer_i[j]; the master, from the arrived set F, forms
+    g_hat = sum_{i in F} a_i m_i, an estimate of the mean gradient (1/n) sum_j g_j.
+
+    Pipelined schemes (pgc-*) compute slot `step % c` fresh and keep the other slots' buffers
+    from earlier steps. Their warm-up buffers carry the virtual version `slot - c` (computed at
+    the initial model), as if the pipeline had been running since before step 0; the fresh slot
+    of step 0 is not computed in the warm-up because step 0 overwrites it.
+    """
+
+    kind = "coded"
+
+    def __init__(self, name: str, n: int, s: int, c: int, seed: int):
+        rule = _RULES[name]
+        if rule.placement == "single":
+            placement = single_placement(n)
+        elif rule.placement == "fr":
+            placement = fr_placement(n, c)
+        else:
+            placement = cr_placement(n, c)
+        super().__init__(name, n, s, c, placement)
+        self.rule = rule
+        self.pipelined = rule.pipelined
+        self.exact = rule.exact
+        if rule.decoder == "tandon":
+            self._B = tandon_cr_matrix(n, s, seed)
+        else:
+            self._B = support_matrix(placement, n)
+        self.min_arrivals = n if rule.waits_for_all else n - s
+
+    def encoding_matrix(self) -> np.ndarray:
+        """The n x n encoding matrix B (a copy): row i is supported on placement[i]."""
+        return self._B.copy()
+
+    def coefficients(self, worker: int) -> np.ndarray:
+        """B[worker, placement[worker]]: the coefficient of each slot in the worker's message."""
+        self._check_worker(worker)
+        return self._B[worker, self.placement[worker]].copy()
+
+    def warmup_slots(self, worker: int) -> tuple[int, ...]:
+        """Slots the worker computes at the initial model before step 0 (pipelined only)."""
+        self._check_worker(worker)
+        return tuple(range(1, self.c)) if self.pipelined else ()
+
+    def initial_versions(self) -> list[int]:
+        """Version stamps of the buffers after the warm-up (see the class docstring)."""
+        return [k - self.c for k in range(self.c)]
+
+    def draw_index(self, version: int, slot: int) -> int:
+        """Which minibatch of the slot's partition a buffer of this version uses.
+
+        A pure function of (version, slot), so every worker that computes a partition for the
+        same step uses the same minibatch (exact decoding relies on it), and a worker that
+        skipped steps still draws what the schedule says. Each partition's draws run 0, 1, 2...
+        """
+        if self.pipelined:
+            return version // self.c + 1
+        return version
+
+    def ready(self, arrived: Sequence[int]) -> bool:
+        """Whether the master may decode now from these arrivals."""
+        ids = self.check_arrivals(arrived)
+        if self.rule.decoder == "groups" and len(self._groups(ids)) * self.c == self.n:
+            return True  # every group covered: the exact gradient is available
+        if self.rule.decoder == "groups" and self.exact:
+            return False
+        return len(ids) >= self.min_arrivals
+
+    def decode_weights(self, arrived: Sequence[int], partial: bool = False) -> np.ndarray:
+        """Length-n weights a with g_hat = sum_i a[i] m_i; zero for workers not used.
+
+        With partial=False the arrivals must satisfy ready() (else NotDecodable). With
+        partial=True the scheme decodes as well as it can from whatever arrived (a missed
+        deadline); see residual() for how far that is from the mean gradient.
+        """
+        ids = self.check_arrivals(arrived)
+        if not ids:
+            raise NotDecodable(f"{self.name}: no worker has arrived, nothing to decode")
+        if not partial and not self.ready(ids):
+            need = "every group" if self.rule.decoder == "groups" and self.exact else (
+                f"{self.min_arrivals} workers")
+            raise NotDecodable(
+                f"{self.name} (n={self.n}, s={self.s}) needs {need}, got {len(ids)} arrivals {ids}"
+            )
+        a = np.zeros(self.n)
+        decoder = self.rule.decoder
+        if decoder == "average":
+            a[ids] = 1.0 / (len(ids) * self.c)
+        elif decoder == "groups":
+            firsts = list(self._groups(ids).values())
+            a[firsts] = 1.0 / (len(firsts) * self.c)
+        elif decoder == "tandon":
+            a = solve_least_squares(self._B, ids) if partial else solve_exact(self._B, ids)
+        else:
+            chosen = disjoint_windows(ids, self.n, self.c)
+            a[chosen] = 1.0 / (len(chosen) * self.c)
+        return a
+
+    def partition_weights(self, a: np.ndarray) -> np.ndarray:
+        """pi = a^T B: the weight each partition's gradient gets in g_hat (1/n when exact)."""
+        return np.asarray(a) @ self._B
+
+    def residual(self, a: np.ndarray) -> float:
+        """||a^T B - (1/n) 1||_2: how far a decode is from the mean gradient's weights."""
+        return float(np.linalg.norm(self.partition_weights(a) - 1.0 / self.n))
+
+    def _groups(self, ids: list[int]) -> dict[int, int]:
+        """First arrival of each FR group: {group: worker}."""
+        firsts: dict[int, int] = {}
+        for i in ids:
+            firsts.setdefault(i // self.c, i)
+        return firsts
+
+
+class PbsScheme(Scheme):
+    """Bounded-staleness partition table (`pbs`).
+
+    Worker i stores partitions (i, ..., i+c-1) mod n and, each time it is free, computes one
+    minibatch gradient of its next stored partition (cyclically: its k-th computation uses slot
+    k % c) at the newest model it has, and sends (partition, gradient, version). The master keeps
+    a PartitionTable (new_table) of the newest gradient of every partition and steps as soon as
+    every entry is younger than c steps.
+    """
+
+    kind = "table"
+    pipelined = True
+
+    def __init__(self, n: int, s: int, c: int):
+        super().__init__("pbs", n, s, c, cr_placement(n, c))
+
+    def fresh_slots(self, step: int, worker: int) -> tuple[int, ...]:
+        """For pbs `step` is the worker's own computation count: slot step % c."""
+        self._check_worker(worker)
+        return (step % self.c,)
+
+    def partition_for(self, worker: int, count: int) -> int:
+        """The partition of the worker's `count`-th computation."""
+        return self.placement[worker][self.fresh_slots(count, worker)[0]]
+
+    def draw_index(self, count: int, slot: int) -> int:
+        """Minibatch index of a computation; the c holders of a partition interleave their draws."""
+        return count // self.c * self.c + slot
+
+    def new_table(self, dim: int, dtype: np.dtype | type = np.float64) -> PartitionTable:
+        """An empty table for gradients of `dim` parameters, with staleness window c."""
+        return PartitionTable(self.n, self.c, dim, dtype)
+
+    def encoding_matrix(self) -> np.ndarray:
+        """pbs sends single partition gradients, not coded messages."""
+        raise SchemeError("pbs sends single partition gradients, not coded messages: use new_table()")
+
+
+def make_scheme(
+    name: str, n: int, s: int, seed: int = 0, c: int | None = None
+) -> CodedScheme | PbsScheme:
+    """Build a scheme by name for n workers tolerating s stragglers.
+
+    c (partitions per worker) may be set only for is-gc-fr and is-gc-cr; every other replicated
+    scheme uses c = s + 1 (dgd and is-sgd use c = 1). `seed` fixes gc-cr's random encoding.
+    """
+    if name not in SCHEME_NAMES:
+        raise SchemeError(f"unknown scheme {name!r}; choose one of: {', '.join(SCHEME_NAMES)}")
+    n = _check_int("n (workers)", n, 1)
+    s = _check_int("s (stragglers)", s, 0)
+    if s >= n:
+        raise SchemeError(f"s must be smaller than n (the master needs n-s >= 1 workers), got n={n}, s={s}")
+    if c is not None and not name.startswith("is-gc-"):
+        raise SchemeError(f"c applies only to is-gc-fr and is-gc-cr; {name} uses c = s + 1")
+    if name in ("dgd", "is-sgd"):
+        c = 1
+    elif c is None:
+        c = s + 1
+    c = _check_int("c (partitions per worker)", c, 1)
+    if c > n:
+        raise SchemeError(f"c must be at most n (a worker cannot store more than n partitions), got n={n}, c={c}")
+    if name.endswith("-fr") and n % c:
+        raise SchemeError(
+            f"{name} needs n divisible by c = {c} (fractional repetition), got n={n}: "
+            f"use a multiple of {c} workers or the cyclic variant {name[:-3]}-cr"
+        )
+    if name == "pbs":
+        return PbsScheme(n, s, c)
+    return CodedScheme(name, n, s, c, seed)
