@@ -159,12 +159,14 @@ class CodedScheme(Scheme):
 
     def ready(self, arrived: Sequence[int]) -> bool:
         """Whether the master may decode now from these arrivals."""
-        ids = self.check_arrivals(arrived)
-        if self.rule.decoder == "groups" and len(self._groups(ids)) * self.c == self.n:
-            return True  # every group covered: the exact gradient is available
-        if self.rule.decoder == "groups" and self.exact:
-            return False
-        return len(ids) >= self.min_arrivals
+        tracker = self.tracker()
+        for i in self.check_arrivals(arrived):
+            tracker.add(i)
+        return tracker.is_ready()
+
+    def tracker(self) -> ReadyTracker:
+        """An incremental ready() for a master that sees one arrival at a time (O(1) each)."""
+        return ReadyTracker(self)
 
     def decode_weights(self, arrived: Sequence[int], partial: bool = False) -> np.ndarray:
         """Length-n weights a with g_hat = sum_i a[i] m_i; zero for workers not used.
@@ -210,6 +212,32 @@ class CodedScheme(Scheme):
         for i in ids:
             firsts.setdefault(i // self.c, i)
         return firsts
+
+
+class ReadyTracker:
+    """ready() one arrival at a time; the caller guarantees ids are valid and distinct."""
+
+    def __init__(self, scheme: CodedScheme):
+        self.scheme = scheme
+        self.count = 0
+        self.groups: set[int] = set()
+        self._by_groups = scheme.rule.decoder == "groups"
+        self._groups_needed = scheme.n // scheme.c
+
+    def add(self, worker: int) -> bool:
+        """Count one more arrival; returns whether the step is now decodable."""
+        self.count += 1
+        if self._by_groups:
+            self.groups.add(worker // self.scheme.c)
+        return self.is_ready()
+
+    def is_ready(self) -> bool:
+        """Whether the arrivals so far satisfy the decode condition."""
+        if self._by_groups and len(self.groups) == self._groups_needed:
+            return True  # every group covered: the exact gradient is available
+        if self._by_groups and self.scheme.exact:
+            return False
+        return self.count >= self.scheme.min_arrivals
 
 
 class PbsScheme(Scheme):

@@ -1,0 +1,124 @@
+"""Training problems with per-partition minibatch gradients, as the simulator and workers see them.
+
+A problem is anything with: `dim`, `initial_params()`, `grad(w, partition, draw)` (the mean-loss
+gradient of that partition's `draw`-th minibatch at w), `loss(w)` (the full training objective),
+`evaluate(w)` (a dict of metrics) and `optimum` (F*, or None when unknown). The numpy problems
+here are convex with a known optimum; torch models implement the same protocol (models.py).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from .sampling import minibatch_positions, partition_indices
+
+
+class Problem(Protocol):
+    """The interface the simulator and the MPI workers compute gradients through."""
+
+    dim: int
+    optimum: float | None
+
+    def initial_params(self) -> np.ndarray: ...
+
+    def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray: ...
+
+    def loss(self, w: np.ndarray) -> float: ...
+
+    def evaluate(self, w: np.ndarray) -> dict[str, float]: ...
+
+
+class _ConvexProblem:
+    """A data matrix split into n partitions, with minibatches drawn per partition."""
+
+    def __init__(self, X: np.ndarray, y: np.ndarray, n: int, batch_size: int | None, seed: int):
+        self.X, self.y = X, y
+        self.dim = X.shape[1]
+        self.batch_size, self.seed = batch_size, seed
+        self.partitions = partition_indices(len(y), n, seed)
+        self.optimum: float | None = None
+
+    def initial_params(self) -> np.ndarray:
+        return np.zeros(self.dim)
+
+    def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
+        rows = self.partitions[partition]
+        rows = rows[minibatch_positions(len(rows), self.batch_size, draw, self.seed, partition)]
+        return self._grad(w, self.X[rows], self.y[rows])
+
+    def loss(self, w: np.ndarray) -> float:
+        return self._loss(w, self.X, self.y)
+
+    def evaluate(self, w: np.ndarray) -> dict[str, float]:
+        out = {"train_loss": self.loss(w)}
+        if self.optimum is not None:
+            out["gap"] = out["train_loss"] - self.optimum
+        return out
+
+    def _grad(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _loss(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
+        raise NotImplementedError
+
+
+class LeastSquares(_ConvexProblem):
+    """f(w) = ||Xw - y||^2 / (2m) on seeded Gaussian data; F* from the normal equations."""
+
+    def __init__(self, n: int, samples: int = 600, dim: int = 20, noise: float = 0.1,
+                 batch_size: int | None = None, seed: int = 0):
+        rng = np.random.default_rng([seed, 0x15])
+        X = rng.standard_normal((samples, dim))
+        y = X @ rng.standard_normal(dim) + noise * rng.standard_normal(samples)
+        super().__init__(X, y, n, batch_size, seed)
+        w_star, *_ = np.linalg.lstsq(X, y, rcond=None)
+        self.optimum = self.loss(w_star)
+
+    def _grad(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return X.T @ (X @ w - y) / len(y)
+
+    def _loss(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
+        r = X @ w - y
+        return float(r @ r / (2 * len(y)))
+
+
+class Logistic(_ConvexProblem):
+    """L2-regularized logistic regression on seeded data with labels in {-1, +1}; F* by Newton."""
+
+    def __init__(self, n: int, samples: int = 600, dim: int = 20, reg: float = 1e-3,
+                 batch_size: int | None = None, seed: int = 0):
+        rng = np.random.default_rng([seed, 0x1061])
+        X = rng.standard_normal((samples, dim))
+        margin = X @ rng.standard_normal(dim) + 0.5 * rng.standard_normal(samples)
+        y = np.where(margin > 0, 1.0, -1.0)
+        self.reg = reg
+        super().__init__(X, y, n, batch_size, seed)
+        self.optimum = self.loss(self._newton())
+
+    def _grad(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        z = y * (X @ w)
+        return -(X.T @ (y * _sigmoid(-z))) / len(y) + self.reg * w
+
+    def _loss(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
+        z = y * (X @ w)
+        return float(np.mean(np.logaddexp(0.0, -z)) + 0.5 * self.reg * w @ w)
+
+    def _newton(self) -> np.ndarray:
+        w = np.zeros(self.dim)
+        for _ in range(50):
+            g = self._grad(w, self.X, self.y)
+            p = _sigmoid(self.X @ w)
+            H = (self.X.T * (p * (1 - p))) @ self.X / len(self.y) + self.reg * np.eye(self.dim)
+            w -= np.linalg.solve(H, g)
+            if np.linalg.norm(g) < 1e-13:
+                break
+        return w
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+PROBLEMS = {"least-squares": LeastSquares, "logistic": Logistic}

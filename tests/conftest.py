@@ -1,0 +1,61 @@
+"""Shared fixtures, and one truthful summary for multi-rank (pytest-mpi) runs.
+
+Under `mpiexec -n N python -m pytest --with-mpi` every rank runs every test. Ranks > 0 write
+their terminal report to a log file instead of the screen, and a failure of an mpi-marked test
+on any rank fails it on every rank, so rank 0's summary line is the truth.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _with_mpi(config: pytest.Config) -> bool:
+    return bool(config.getoption("--with-mpi", default=False))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not _with_mpi(config):
+        return
+    from mpi4py import MPI
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    if rank > 0:
+        log_dir = Path(os.environ.get("PGC_TEST_LOG_DIR", "/tmp"))
+        log = open(log_dir / f"pgc-pytest-rank{rank}.log", "w")  # noqa: SIM115 (lives as long as the run)
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter._tw = type(reporter._tw)(log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when != "call" or not _with_mpi(item.config) or item.get_closest_marker("mpi") is None:
+        return
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    failed = comm.allgather(rep.failed)
+    if any(failed) and not rep.failed:
+        bad = [r for r, f in enumerate(failed) if f]
+        rep.outcome = "failed"
+        rep.longrepr = f"failed on rank(s) {bad}; see their logs (PGC_TEST_LOG_DIR, default /tmp)"
+
+
+@pytest.fixture
+def mpiexec_env() -> dict[str, str]:
+    """Environment for a bounded mpiexec launched from a test."""
+    env = dict(os.environ)
+    env.setdefault("MPIEXEC_TIMEOUT", "120")
+    env["OMP_NUM_THREADS"] = "1"
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return env
