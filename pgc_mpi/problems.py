@@ -1,7 +1,8 @@
 """Training problems with per-partition minibatch gradients, as the simulator and workers see them.
 
 A problem is anything with: `dim`, `initial_params()`, `grad(w, partition, draw)` (the mean-loss
-gradient of that partition's `draw`-th minibatch at w), `loss(w)` (the full training objective),
+gradient of that partition's `draw`-th minibatch at w), `loss_and_grad` (that minibatch's loss
+too), `loss(w)` (the full training objective),
 `evaluate(w)` (a dict of metrics) and `optimum` (F*, or None when unknown). The numpy problems
 here are convex with a known optimum; torch models implement the same protocol (models.py).
 """
@@ -25,6 +26,8 @@ class Problem(Protocol):
 
     def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray: ...
 
+    def loss_and_grad(self, w: np.ndarray, partition: int, draw: int) -> tuple[float, np.ndarray]: ...
+
     def loss(self, w: np.ndarray) -> float: ...
 
     def evaluate(self, w: np.ndarray) -> dict[str, float]: ...
@@ -44,9 +47,17 @@ class _ConvexProblem:
         return np.zeros(self.dim)
 
     def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
+        X, y = self._batch(partition, draw)
+        return self._grad(w, X, y)
+
+    def loss_and_grad(self, w: np.ndarray, partition: int, draw: int) -> tuple[float, np.ndarray]:
+        X, y = self._batch(partition, draw)
+        return self._loss(w, X, y), self._grad(w, X, y)
+
+    def _batch(self, partition: int, draw: int) -> tuple[np.ndarray, np.ndarray]:
         rows = self.partitions[partition]
         rows = rows[minibatch_positions(len(rows), self.batch_size, draw, self.seed, partition)]
-        return self._grad(w, self.X[rows], self.y[rows])
+        return self.X[rows], self.y[rows]
 
     def loss(self, w: np.ndarray) -> float:
         return self._loss(w, self.X, self.y)

@@ -152,10 +152,14 @@ class CodedScheme(Scheme):
         A pure function of (version, slot), so every worker that computes a partition for the
         same step uses the same minibatch (exact decoding relies on it), and a worker that
         skipped steps still draws what the schedule says. Each partition's draws run 0, 1, 2...
+        over the computations the schedule makes of it, warm-up included: every step for
+        gc-*/dgd/is-* and pgc-cr (one holder per step), every c-th step for pgc-fr.
         """
-        if self.pipelined:
-            return version // self.c + 1
-        return version
+        if not self.pipelined:
+            return version
+        if self.rule.placement == "cr":  # warm-up: slots 1..c-1 draw 0..c-2; step t draws t + c - 1
+            return version + self.c - 1
+        return (version - slot) // self.c + (1 if slot > 0 else 0)
 
     def ready(self, arrived: Sequence[int]) -> bool:
         """Whether the master may decode now from these arrivals."""

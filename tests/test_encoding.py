@@ -42,7 +42,7 @@ def test_tandon_worked_example_one_worker_is_not_enough(worker):
     with pytest.raises(NotDecodable, match="cannot decode the exact gradient"):
         solve_exact(TANDON_B, [worker])
     a = solve_least_squares(TANDON_B, [worker])
-    assert np.count_nonzero(a) == 1 and a[worker] != 0
+    assert not np.any(np.delete(a, worker))
     assert np.abs(a @ TANDON_B - 1 / 3).max() > 1e-3
 
 
@@ -64,7 +64,7 @@ def test_tandon_matrix_structure(n, s):
     assert not np.any(B[support == 0]), "row i must be supported on (i, ..., i+s) mod n"
     np.testing.assert_array_equal(np.diag(B), np.ones(n))
     # Every row lies in null(H), which has dimension n - s.
-    assert np.linalg.matrix_rank(B) == n - s
+    assert np.linalg.matrix_rank(B, tol=1e-9 * np.abs(B).max()) == n - s
     if s == 0:
         np.testing.assert_array_equal(B, np.eye(n))
     if s == n - 1:  # every worker stores everything: null(H) = span(1) forces all-ones rows

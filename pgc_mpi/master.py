@@ -1,0 +1,214 @@
+"""Rank 0: send models, collect the first arrivals until the scheme can decode, update, repeat."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .collector import DeadlineMissed, Decoded, StepCollector
+from .config import TrainConfig
+from .errors import NotDecodable
+from .metrics import MetricsWriter, Progress
+from .optim import FlatOptimizer
+from .problems import Problem
+from .schemes import CodedScheme, PbsScheme
+from .transport import MasterTransport
+from .worker import HEADER_FIELDS
+
+log = logging.getLogger("pgc_mpi")
+
+# While waiting past a missed deadline (policy `wait`), remind the log this often.
+WAIT_REMINDER = 30.0
+
+
+@dataclass
+class RunTotals:
+    """Counters for the final summary."""
+
+    steps: int = 0
+    skipped: int = 0  # worker-steps whose message did not enter the update
+    late: int = 0
+    rejected: int = 0
+    deadline_missed: int = 0
+    last_eval: dict = field(default_factory=dict)
+    stopped_early: bool = False
+
+
+class Master:
+    """The parameter server loop for one run, coded schemes and pbs alike."""
+
+    def __init__(self, cfg: TrainConfig, scheme: CodedScheme | PbsScheme, problem: Problem,
+                 link: MasterTransport, metrics: MetricsWriter, progress: Progress):
+        self.cfg, self.scheme, self.problem, self.link = cfg, scheme, problem, link
+        self.metrics, self.progress = metrics, progress
+        self.n = scheme.n
+        self.w = problem.initial_params().astype(link.grad_layout.dtype)
+        self.opt = FlatOptimizer(self.w, cfg.optimizer, cfg.lr, momentum=cfg.momentum)
+        self.totals = RunTotals()
+        self.trajectory: list[np.ndarray] = [self.w.copy()] if cfg.record_params else []
+        self._started = time.monotonic()
+
+    def run(self) -> RunTotals:
+        """Train for cfg.steps steps (or to the target loss)."""
+        for i in range(self.n):
+            self.link.post(i)
+        if isinstance(self.scheme, PbsScheme):
+            self._run_table()
+        else:
+            self._run_coded()
+        return self.totals
+
+    # -- coded schemes -------------------------------------------------------------------------
+
+    def _run_coded(self) -> None:
+        collector = StepCollector(self.scheme, self.cfg.max_staleness)
+        busy = [False] * self.n  # a model is out with the worker and its answer is not back
+        for t in range(self.cfg.steps):
+            began = time.monotonic()
+            collector.begin(t)
+            self.link.publish(t, self.w)
+            for i in range(self.n):
+                if not busy[i]:
+                    self.link.send_model(i)
+                    busy[i] = True
+            held: list[int] = []  # accepted buffers, not reposted until decoded
+            losses: dict[int, float] = {}
+            dec, missed = None, False
+            deadline_at = began + self.cfg.deadline if self.cfg.deadline is not None else math.inf
+            reminder = began + WAIT_REMINDER
+            while dec is None:
+                for i in self.link.poll(min(deadline_at if not missed else math.inf, reminder)):
+                    header = self.link.headers[i]
+                    busy[i] = False
+                    verdict = collector.offer(i, int(header[0]), header[HEADER_FIELDS:].astype(int).tolist())
+                    if verdict == "accepted":
+                        held.append(i)
+                        losses[i] = float(header[3])
+                        continue
+                    self.link.post(i)
+                    if verdict == "late":  # the newest-model rule: it goes straight to this step
+                        self.link.send_model(i)
+                        busy[i] = True
+                if collector.ready():
+                    try:
+                        dec = collector.decode()
+                    except NotDecodable as exc:
+                        log.warning("step %d: %s", t, exc)
+                    continue
+                now = time.monotonic()
+                if not missed and now >= deadline_at:
+                    missed = True
+                    waiting = [i for i in range(self.n) if i not in collector.versions]
+                    log.warning("step %d: deadline of %.3g s missed, still waiting for workers %s (policy %s)",
+                                t, self.cfg.deadline, waiting, self.cfg.on_deadline)
+                    dec = collector.on_deadline(self.cfg.on_deadline)
+                    if dec is not None:
+                        log.warning("step %d: partial decode from workers %s, residual ||a^T B - 1/n|| = %.3g",
+                                    t, dec.used, dec.residual)
+                elif now >= reminder:
+                    waiting = [i for i in range(self.n) if i not in collector.versions]
+                    log.warning("step %d: waited %.0f s so far; workers %s have not answered",
+                                t, now - began, waiting)
+                    reminder = now + WAIT_REMINDER
+            decode_began = time.monotonic()
+            self._apply(dec)
+            decode_time = time.monotonic() - decode_began
+            for i in held:
+                self.link.post(i)
+            record = {
+                "arrivals": collector.arrived, "used": dec.used, "late": collector.late,
+                "rejected": collector.rejected, "deadline_missed": missed, "partial": dec.partial,
+                "residual": dec.residual, "max_staleness": dec.max_staleness, "decode_time": decode_time,
+                "versions": {i: collector.versions[i] for i in dec.used},
+                "train_loss": float(np.mean([losses[i] for i in dec.used])),
+            }
+            self.totals.late += collector.late
+            self.totals.rejected += len(collector.rejected)
+            if self._finish_step(t, began, record):
+                break
+
+    def _apply(self, dec: Decoded) -> None:
+        """g_hat = sum_i a_i m_i into the optimizer's gradient buffer, then the update."""
+        g = self.opt.grad
+        g[:] = 0.0
+        for i in dec.used:
+            g += g.dtype.type(dec.weights[i]) * self.link.payloads[i]
+        self.opt.step()
+
+    # -- pbs -----------------------------------------------------------------------------------
+
+    def _run_table(self) -> None:
+        table = self.scheme.new_table(self.problem.dim, self.link.grad_layout.dtype)
+        sent = [-1] * self.n  # newest model version sent to each worker
+        t = 0
+        while t < self.cfg.steps:
+            began = time.monotonic()
+            self.link.publish(t, self.w)
+            arrivals: list[int] = []
+            losses: list[float] = []
+            missed = False
+            deadline_at = began + self.cfg.deadline if self.cfg.deadline is not None else math.inf
+            while True:
+                for i in range(self.n):  # at most one model in flight per worker, always the newest
+                    if sent[i] < t and not self.link.model_in_flight(i):
+                        self.link.send_model(i)
+                        sent[i] = t
+                for i in self.link.poll(min(time.monotonic() + 0.05, deadline_at if not missed else math.inf)):
+                    header = self.link.headers[i]
+                    table.offer(int(header[2]), int(header[0]), self.link.payloads[i])
+                    losses.append(float(header[3]))
+                    arrivals.append(i)
+                    self.link.post(i)
+                if table.ready(t) and arrivals:
+                    break
+                if not missed and time.monotonic() >= deadline_at:
+                    missed = True
+                    log.warning("step %d: deadline missed, partitions %s have no fresh gradient (policy %s)",
+                                t, table.missing(t), self.cfg.on_deadline)
+                    if self.cfg.on_deadline == "fail":
+                        raise DeadlineMissed(f"step {t}: pbs table lacks fresh gradients of partitions "
+                                             f"{table.missing(t)} at the deadline")
+                    if self.cfg.on_deadline == "partial":
+                        break
+            ages = table.ages(t)
+            decode_began = time.monotonic()
+            table.mean(out=self.opt.grad)
+            self.opt.step()
+            record = {
+                "arrivals": arrivals, "used": arrivals, "late": 0, "rejected": [], "deadline_missed": missed,
+                "partial": missed, "residual": 0.0, "max_staleness": int(ages.max()),
+                "decode_time": time.monotonic() - decode_began, "ages": ages.tolist(),
+                "train_loss": float(np.mean(losses)) if losses else math.nan,
+            }
+            if self._finish_step(t, began, record):
+                break
+            t += 1
+
+    # -- shared --------------------------------------------------------------------------------
+
+    def _finish_step(self, t: int, began: float, record: dict) -> bool:
+        """Log the step and evaluate when due; returns True when the target loss is reached."""
+        step_time = time.monotonic() - began
+        self.totals.steps = t + 1
+        self.totals.skipped += self.n - len(record["used"])
+        self.totals.deadline_missed += int(record["deadline_missed"])
+        self.metrics.write({"step": t, "wall_time": time.monotonic() - self._started, "step_time": step_time,
+                            "bytes_received": self.link.bytes_received, **record})
+        if self.cfg.record_params:
+            self.trajectory.append(self.w.copy())
+        self.progress.update(t, record["train_loss"], step_time, self.totals.skipped)
+        last = t + 1 == self.cfg.steps
+        if (t + 1) % self.cfg.eval_every and not last:
+            return False
+        ev = self.problem.evaluate(self.w)
+        self.totals.last_eval = {"step": t, **ev}
+        self.metrics.write({"event": "eval", "step": t, **ev})
+        if self.cfg.target_loss is not None and ev["train_loss"] <= self.cfg.target_loss:
+            log.info("step %d: training loss %.4f reached the target %.4g", t, ev["train_loss"], self.cfg.target_loss)
+            self.totals.stopped_early = not last
+            return True
+        return False

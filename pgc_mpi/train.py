@@ -1,0 +1,148 @@
+"""`pgc-train`: the MPI entry point. Rank 0 validates and runs the master; ranks 1..N are workers."""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .config import TrainConfig, config_from_args
+from .datasets import Dataset, load_dataset
+from .errors import PgcError
+from .metrics import MetricsWriter, Progress, setup_logging, write_json
+from .schemes import make_scheme
+from .stragglers import DelayModel
+from .transport import Layout, MasterTransport, WorkerTransport, abort, duplicate_world
+from .worker import header_length, run_worker
+
+
+def _resolve(argv: list[str], workers: int) -> tuple[str, object, Dataset | None]:
+    """On rank 0: the validated configuration and data set, or how to exit (argparse has printed its part)."""
+    try:
+        cfg = config_from_args(argv)
+        cfg.validate(workers)
+        data = load_dataset(cfg.dataset, cfg.seed)
+        if len(data.y_train) < workers:
+            raise PgcError(f"data set {cfg.dataset!r} has {len(data.y_train)} training samples, fewer than "
+                           f"the {workers} partitions (one per worker): use fewer workers or a larger data set")
+        return "ok", cfg.to_dict(), data
+    except SystemExit as exc:  # --help, or a flag argparse rejected (it printed the message)
+        return "exit", exc.code if isinstance(exc.code, int) else 2, None
+    except PgcError as exc:
+        print(f"pgc-train: error: {exc}", file=sys.stderr, flush=True)
+        return "exit", 2, None
+
+
+def _versions() -> dict[str, str]:
+    import h5py
+    import mpi4py
+    import torch
+    from mpi4py import MPI
+
+    return {"python": platform.python_version(), "mpi4py": mpi4py.__version__, "numpy": np.__version__,
+            "torch": torch.__version__, "h5py": h5py.__version__,
+            "mpi_library": MPI.Get_library_version().splitlines()[0].strip()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `pgc-train` (run it under mpiexec/srun with N+1 ranks)."""
+    argv = sys.argv[1:] if argv is None else argv
+    comm = duplicate_world()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    log = setup_logging(rank)
+    kind, value, data = _resolve(argv, size - 1) if rank == 0 else (None, None, None)
+    kind, value = comm.bcast((kind, value), root=0)
+    if kind == "exit":
+        return int(value)
+    cfg = TrainConfig(**value)
+    try:
+        # the built-in data sets are small: rank 0 loaded it once, the workers need not import its source
+        data = comm.bcast(data, root=0)
+        return _train(cfg, data, comm, log)
+    except PgcError as exc:
+        log.error("%s", exc)
+        abort(comm, 1)
+    except BaseException:
+        log.exception("unexpected error on rank %d; aborting the job", rank)
+        abort(comm, 1)
+    return 1
+
+
+def _train(cfg: TrainConfig, data: Dataset, comm, log) -> int:
+    import torch
+
+    from .models import TorchClassifier
+
+    torch.set_num_threads(cfg.threads)
+    rank, n = comm.Get_rank(), comm.Get_size() - 1
+    scheme = make_scheme(cfg.scheme, n, cfg.stragglers, seed=cfg.seed, c=cfg.c)
+    if scheme.kind == "coded":  # every rank must hold the same encoding matrix
+        digest = hashlib.sha256(scheme.encoding_matrix().tobytes()).hexdigest()
+        if len(set(comm.allgather(digest))) != 1:
+            raise PgcError("ranks built different encoding matrices (different numpy versions?)")
+    problem = TorchClassifier(cfg.model, data, n, cfg.batch_size,
+                              seed=cfg.seed, dtype=cfg.dtype)
+    layout = Layout(header_length(scheme), problem.dim, np.dtype(cfg.dtype))
+    delays = DelayModel(cfg.delay, n, seed=cfg.seed)
+    if rank > 0:
+        run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval), delays)
+        return 0
+    return _run_master(cfg, comm, log, scheme, problem, layout)
+
+
+def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout) -> int:
+    from .master import Master
+
+    out = Path(cfg.out) if cfg.out else Path("runs") / f"{cfg.scheme}-{time.strftime('%Y%m%d-%H%M%S')}"
+    metrics = MetricsWriter(out)
+    write_json(out / "config.json", {"config": cfg.to_dict(), "world_size": comm.Get_size(), "workers": scheme.n,
+                                     "c": scheme.c, "parameters": problem.dim, "versions": _versions()})
+    log.info("%s with n=%d workers, s=%d, c=%d; %s/%s (%d parameters, %s); output in %s",
+             cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.dataset, cfg.model, problem.dim, cfg.dtype, out)
+    link = MasterTransport(comm, scheme.n, layout, cfg.poll_interval)
+    progress = Progress(cfg.steps, cfg.eval_every, log)
+    master = Master(cfg, scheme, problem, link, metrics, progress)
+    began = time.monotonic()
+    totals = master.run()
+    wall = time.monotonic() - began
+    progress.close()
+    step_times = [r["step_time"] for r in _read_steps(metrics.path)]
+    summary = {"event": "summary", "status": "completed", "steps": totals.steps, "wall_time": wall,
+               "median_step_time": float(np.median(step_times)) if step_times else None,
+               "stragglers_skipped": totals.skipped, "late_messages": totals.late,
+               "rejected_stale": totals.rejected, "deadline_missed": totals.deadline_missed,
+               "stopped_at_target": totals.stopped_early, **{f"final_{k}": v for k, v in totals.last_eval.items()}}
+    metrics.write(summary)
+    if cfg.record_params:
+        np.save(out / "params.npy", np.stack(master.trajectory))
+    ev = totals.last_eval
+    print(f"pgc-train: {cfg.scheme} (n={scheme.n}, s={scheme.s}) on {cfg.dataset}/{cfg.model}: "
+          f"{totals.steps} steps in {wall:.1f} s, median step {summary['median_step_time'] * 1e3:.1f} ms\n"
+          f"  train loss {ev.get('train_loss', float('nan')):.4f}, test loss {ev.get('test_loss', float('nan')):.4f}, "
+          f"test accuracy {100 * ev.get('test_accuracy', float('nan')):.1f}%\n"
+          f"  stragglers skipped {totals.skipped} worker-steps, late messages {totals.late}, "
+          f"deadline misses {totals.deadline_missed}\n  outputs: {out}", flush=True)
+    abandoned = link.shutdown(cfg.grace)
+    if abandoned:
+        ranks = [w + 1 for w in abandoned]
+        log.warning("workers %s (ranks %s) did not stop within %.0f s and are abandoned (hung?); "
+                    "ending the job with MPI_Abort(0) since training completed", abandoned, ranks, cfg.grace)
+        metrics.write({"event": "shutdown", "abandoned": abandoned})
+        metrics.close()
+        abort(comm, 0)
+    metrics.close()
+    return 0
+
+
+def _read_steps(path: Path) -> list[dict]:
+    from .metrics import read_metrics
+
+    return [r for r in read_metrics(path) if "event" not in r]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""The only module that talks to MPI: the communicator, tags, message buffers and requests.
+
+Every message is one contiguous byte buffer: a float64 header (step numbers, ids, a loss, buffer
+versions) followed by the payload (parameters or a coded gradient) in the run's dtype. The master
+receives into one preallocated buffer per worker, polls them with Testsome plus a short sleep
+(never a busy spin, never a wait that cannot time out), and keeps at most one model message in
+flight per worker, sent from a snapshot so the master can update its parameters meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+TAG_MODEL, TAG_GRAD, TAG_STOP, TAG_BYE = 101, 102, 103, 104
+MODEL_HEADER = 1  # [step]
+
+
+class Layout:
+    """A message's byte layout: a float64 header of `header` words, then `dim` values of `dtype`."""
+
+    def __init__(self, header: int, dim: int, dtype: np.dtype | type):
+        self.header, self.dim, self.dtype = header, dim, np.dtype(dtype)
+        self.nbytes = 8 * header + dim * self.dtype.itemsize
+
+    def allocate(self, rows: int = 1) -> np.ndarray:
+        """Zeroed contiguous bytes for `rows` messages."""
+        return np.zeros((rows, self.nbytes), dtype=np.uint8)
+
+    def split(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(header, payload) views of one message's bytes."""
+        return buf[: 8 * self.header].view(np.float64), buf[8 * self.header:].view(self.dtype)
+
+
+def duplicate_world(comm: MPI.Comm | None = None) -> MPI.Comm:
+    """Our own communicator, so our messages never match the user's (COMM_WORLD's) ones."""
+    return (comm if comm is not None else MPI.COMM_WORLD).Dup()
+
+
+def abort(comm: MPI.Comm, code: int) -> None:
+    """End every rank now with `code` (MPICH returns from Abort briefly: exit hard after it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    comm.Abort(code)
+    os._exit(code)
+
+
+class _Snapshot:
+    """A copy of the parameters that model messages are sent from, and the sends still using it."""
+
+    def __init__(self, layout: Layout):
+        self.buf = layout.allocate()[0]
+        self.header, self.payload = layout.split(self.buf)
+        self.pending: list[MPI.Request] = []
+
+    def free(self) -> bool:
+        self.pending = [r for r in self.pending if not r.Test()]
+        return not self.pending
+
+
+class MasterTransport:
+    """Rank 0's side: model sends to and gradient receives from workers 0..n-1 (ranks 1..n)."""
+
+    def __init__(self, comm: MPI.Comm, n: int, grad_layout: Layout, poll_interval: float):
+        self.comm, self.n, self.poll_interval = comm, n, poll_interval
+        self.grad_layout = grad_layout
+        self.model_layout = Layout(MODEL_HEADER, grad_layout.dim, grad_layout.dtype)
+        self.recv = grad_layout.allocate(n)  # one contiguous row per worker: no aliasing
+        views = [grad_layout.split(row) for row in self.recv]
+        self.headers = [h for h, _ in views]
+        self.payloads = [p for _, p in views]
+        self._reqs: list[MPI.Request] = [MPI.REQUEST_NULL] * n
+        self._model_reqs: list[MPI.Request] = [MPI.REQUEST_NULL] * n
+        self._snapshots: list[_Snapshot] = []
+        self._current: _Snapshot | None = None
+        self.bytes_received = 0
+
+    def post(self, worker: int) -> None:
+        """(Re)post the receive of `worker`'s next gradient into its buffer."""
+        self._reqs[worker] = self.comm.Irecv([self.recv[worker], MPI.BYTE], source=worker + 1, tag=TAG_GRAD)
+
+    def poll(self, until: float) -> list[int]:
+        """Workers whose gradient has arrived, waiting at most until time.monotonic() == until."""
+        while True:
+            done = MPI.Request.Testsome(self._reqs)
+            if done:
+                self.bytes_received += len(done) * self.grad_layout.nbytes
+                return list(done)
+            if time.monotonic() >= until:
+                return []
+            time.sleep(self.poll_interval)
+
+    def publish(self, step: int, w: np.ndarray) -> None:
+        """Copy the parameters of `step` into a snapshot that the next model sends use."""
+        snap = next((s for s in self._snapshots if s.free()), None)
+        if snap is None:
+            snap = _Snapshot(self.model_layout)
+            self._snapshots.append(snap)
+        snap.header[0] = step
+        np.copyto(snap.payload, w, casting="same_kind")
+        self._current = snap
+
+    def send_model(self, worker: int) -> None:
+        """Send the published model to `worker` (non-blocking)."""
+        snap = self._current
+        assert snap is not None, "publish() a model before sending it"
+        req = self.comm.Isend([snap.buf, MPI.BYTE], dest=worker + 1, tag=TAG_MODEL)
+        snap.pending.append(req)
+        self._model_reqs[worker] = req
+
+    def model_in_flight(self, worker: int) -> bool:
+        """Whether the last model sent to `worker` has not been received yet."""
+        return not self._model_reqs[worker].Test()
+
+    def shutdown(self, grace: float) -> list[int]:
+        """Tell every worker to stop and wait up to `grace` s for each to confirm.
+
+        Gradient receives stay posted until a worker confirms, so a straggler's last message
+        always has somewhere to land (a cancelled receive can deadlock its large send). Returns
+        the workers that never confirmed (hung); the caller must then abort, not finalize.
+        """
+        self._stop_buf = np.zeros(1)
+        self._bye_buf = np.zeros((self.n, 1))
+        self._stops = [self.comm.Isend([self._stop_buf, MPI.DOUBLE], dest=w + 1, tag=TAG_STOP)
+                       for w in range(self.n)]
+        byes = [self.comm.Irecv([self._bye_buf[w], MPI.DOUBLE], source=w + 1, tag=TAG_BYE)
+                for w in range(self.n)]
+        confirmed: set[int] = set()
+        until = time.monotonic() + grace
+        while len(confirmed) < self.n and time.monotonic() < until:
+            for w in MPI.Request.Testsome(self._reqs) or []:
+                self.post(w)  # a last, discarded gradient: keep a receive ready until the worker confirms
+            for w in MPI.Request.Testsome(byes) or []:
+                confirmed.add(w)
+                self._reqs[w].Cancel()
+                self._reqs[w].Wait()
+            if len(confirmed) < self.n:
+                time.sleep(self.poll_interval)
+        return sorted(set(range(self.n)) - confirmed)
+
+
+class WorkerTransport:
+    """A worker's side: receive the newest model, send coded gradients, notice the stop."""
+
+    def __init__(self, comm: MPI.Comm, grad_layout: Layout, poll_interval: float):
+        self.comm, self.poll_interval = comm, poll_interval
+        self.model_layout = Layout(MODEL_HEADER, grad_layout.dim, grad_layout.dtype)
+        self._model_buf = self.model_layout.allocate()[0]
+        self.model_header, self.model = self.model_layout.split(self._model_buf)
+        self._send_buf = grad_layout.allocate()[0]
+        self.header, self.payload = grad_layout.split(self._send_buf)
+        self._status = MPI.Status()
+        self.stopped = False
+
+    def next_model(self, block: bool = True) -> int | None:
+        """Step of the newest model received (older pending ones are drained), or None.
+
+        Returns None when the master asked to stop, or when nothing new arrived and block is
+        False; `self.model` then holds the parameters. Check stop_requested() to tell apart.
+        """
+        self.stopped = False
+        got = None
+        while True:
+            while self.comm.Iprobe(source=0, tag=MPI.ANY_TAG, status=self._status):
+                if self._status.Get_tag() == TAG_STOP:
+                    self.comm.Recv([np.zeros(1), MPI.DOUBLE], source=0, tag=TAG_STOP)
+                    self.stopped = True
+                    return None
+                self.comm.Recv([self._model_buf, MPI.BYTE], source=0, tag=TAG_MODEL)
+                got = int(self.model_header[0])
+            if got is not None or not block:
+                return got
+            time.sleep(self.poll_interval)
+
+    def stop_requested(self) -> bool:
+        """Whether a stop message is waiting (used to cut injected delays short)."""
+        return bool(self.comm.Iprobe(source=0, tag=TAG_STOP))
+
+    def send(self) -> None:
+        """Send the gradient message in `header`/`payload`, politely waiting for completion."""
+        req = self.comm.Isend([self._send_buf, MPI.BYTE], dest=0, tag=TAG_GRAD)
+        while not req.Test():
+            time.sleep(self.poll_interval)
+
+    def confirm_stop(self) -> None:
+        """Tell the master this worker is done and will send nothing more."""
+        self.comm.Send([np.zeros(1), MPI.DOUBLE], dest=0, tag=TAG_BYE)
+

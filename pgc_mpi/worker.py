@@ -1,0 +1,93 @@
+"""A worker rank: newest model in, one (or c) partition gradients computed, a coded message out."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+
+from .problems import Problem
+from .schemes import CodedScheme, PbsScheme
+from .stragglers import DelayModel
+from .transport import WorkerTransport
+
+log = logging.getLogger("pgc_mpi")
+
+# Header of a gradient message: [step, worker, partition (-1: coded), loss, versions...]
+HEADER_FIELDS = 4
+
+
+def header_length(scheme: CodedScheme | PbsScheme) -> int:
+    """Words in a gradient message's header for this scheme."""
+    return HEADER_FIELDS + (1 if scheme.kind == "table" else scheme.c)
+
+
+def _injected_delay(seconds: float, link: WorkerTransport) -> None:
+    """Sleep like a slow node. A hang never wakes (as a real one would not); a finite delay
+    ends early if the master asks to stop, since its result would be discarded anyway."""
+    if seconds == math.inf:
+        log.warning("injected hang: this worker stops responding now")
+        while True:
+            time.sleep(3600)
+    until = time.monotonic() + seconds
+    while time.monotonic() < until and not link.stop_requested():
+        time.sleep(min(0.01, max(0.0, until - time.monotonic())))
+
+
+def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, link: WorkerTransport,
+               delays: DelayModel) -> int:
+    """Serve the master until it says stop; returns how many gradients were computed."""
+    if isinstance(scheme, PbsScheme):
+        return _run_table_worker(worker, scheme, problem, link, delays)
+    parts = scheme.placement[worker]
+    coef = scheme.coefficients(worker).astype(link.payload.dtype)
+    buffers = np.zeros((scheme.c, problem.dim), dtype=link.payload.dtype)
+    versions = scheme.initial_versions()
+    step = link.next_model()
+    computed = 0
+    if step is not None:
+        for k in scheme.warmup_slots(worker):  # the pipeline's stale buffers, at the first model
+            buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(versions[k], k))[1]
+            computed += 1
+    while step is not None:
+        losses = []
+        for k in scheme.fresh_slots(step, worker):
+            loss, buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(step, k))
+            versions[k] = step
+            losses.append(loss)
+            computed += 1
+        _injected_delay(delays.delay(worker, step), link)
+        np.dot(coef, buffers, out=link.payload)
+        link.header[:HEADER_FIELDS] = (step, worker, -1, float(np.mean(losses)))
+        link.header[HEADER_FIELDS:] = versions
+        link.send()
+        step = link.next_model()
+    link.confirm_stop()
+    return computed
+
+
+def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: WorkerTransport,
+                      delays: DelayModel) -> int:
+    """pbs: compute the next stored partition at the newest model, again and again."""
+    version = link.next_model()
+    count = 0
+    attempts = 0
+    while version is not None:
+        slot = scheme.fresh_slots(count, worker)[0]
+        part = scheme.placement[worker][slot]
+        loss, link.payload[:] = problem.loss_and_grad(link.model, part, scheme.draw_index(count, slot))
+        _injected_delay(delays.delay(worker, version, attempts), link)
+        link.header[:] = (version, worker, part, loss, version)
+        link.send()
+        count += 1
+        newer = link.next_model(block=False)
+        if link.stopped:
+            break
+        if newer is not None:
+            version, attempts = newer, 0
+        else:
+            attempts += 1
+    link.confirm_stop()
+    return count
