@@ -14,9 +14,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if argv[0] == "sim":
         from .sim_cli import main as command
-    else:
-        from .train import main as command
-    return command(argv[1:])
+
+        return command(argv[1:])
+    from .train import cli
+
+    sys.argv = [f"{sys.argv[0]} train", *argv[1:]]
+    cli()  # does not return: it finalizes MPI and exits
+    return 0
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ class Master:
                 "arrivals": collector.arrived, "used": dec.used, "late": collector.late,
                 "rejected": collector.rejected, "deadline_missed": missed, "partial": dec.partial,
                 "residual": dec.residual, "max_staleness": dec.max_staleness, "decode_time": decode_time,
-                "versions": {i: collector.versions[i] for i in dec.used},
+                "versions": collector.versions,
                 "train_loss": float(np.mean([losses[i] for i in dec.used])),
             }
             self.totals.late += collector.late

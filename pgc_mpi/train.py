@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import sys
 import time
@@ -65,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         return _train(cfg, data, comm, log)
     except PgcError as exc:
         log.error("%s", exc)
-        abort(comm, 1)
+        abort(1)
     except BaseException:
         log.exception("unexpected error on rank %d; aborting the job", rank)
-        abort(comm, 1)
+        abort(1)
     return 1
 
 
@@ -133,7 +134,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout) ->
                     "ending the job with MPI_Abort(0) since training completed", abandoned, ranks, cfg.grace)
         metrics.write({"event": "shutdown", "abandoned": abandoned})
         metrics.close()
-        abort(comm, 0)
+        abort(0)
     metrics.close()
     return 0
 
@@ -144,5 +145,21 @@ def _read_steps(path: Path) -> list[dict]:
     return [r for r in read_metrics(path) if "event" not in r]
 
 
+def cli() -> None:
+    """Console entry: run main(), then finalize MPI and exit at once.
+
+    Everything is written and closed by then; skipping the interpreter's teardown (seconds
+    with torch loaded, times every rank on an oversubscribed node) makes jobs end promptly.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    from mpi4py import MPI
+
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

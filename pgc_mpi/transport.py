@@ -41,11 +41,15 @@ def duplicate_world(comm: MPI.Comm | None = None) -> MPI.Comm:
     return (comm if comm is not None else MPI.COMM_WORLD).Dup()
 
 
-def abort(comm: MPI.Comm, code: int) -> None:
-    """End every rank now with `code` (MPICH returns from Abort briefly: exit hard after it)."""
+def abort(code: int) -> None:
+    """End every rank of the job now with `code` (MPICH returns from Abort briefly: exit hard after it).
+
+    The whole job is meant, so this is the one place that uses COMM_WORLD: MPICH's mpiexec
+    reports the code given to Abort on the world communicator (9 for a duplicate).
+    """
     sys.stdout.flush()
     sys.stderr.flush()
-    comm.Abort(code)
+    MPI.COMM_WORLD.Abort(code)
     os._exit(code)
 
 
@@ -119,10 +123,16 @@ class MasterTransport:
     def shutdown(self, grace: float) -> list[int]:
         """Tell every worker to stop and wait up to `grace` s for each to confirm.
 
-        Gradient receives stay posted until a worker confirms, so a straggler's last message
-        always has somewhere to land (a cancelled receive can deadlock its large send). Returns
-        the workers that never confirmed (hung); the caller must then abort, not finalize.
+        Models still in flight are delivered first (a stop could overtake a large model and
+        leave its send pending forever). Gradient receives stay posted until a worker confirms,
+        so a straggler's last message always has somewhere to land (a cancelled receive can
+        deadlock its large send). Returns the workers that never confirmed (hung); the caller
+        must then abort, not finalize.
         """
+        until = time.monotonic() + grace
+        while any(self.model_in_flight(w) for w in range(self.n)) and time.monotonic() < until:
+            self._repost_arrived()
+            time.sleep(self.poll_interval)
         self._stop_buf = np.zeros(1)
         self._bye_buf = np.zeros((self.n, 1))
         self._stops = [self.comm.Isend([self._stop_buf, MPI.DOUBLE], dest=w + 1, tag=TAG_STOP)
@@ -130,17 +140,21 @@ class MasterTransport:
         byes = [self.comm.Irecv([self._bye_buf[w], MPI.DOUBLE], source=w + 1, tag=TAG_BYE)
                 for w in range(self.n)]
         confirmed: set[int] = set()
-        until = time.monotonic() + grace
         while len(confirmed) < self.n and time.monotonic() < until:
-            for w in MPI.Request.Testsome(self._reqs) or []:
-                self.post(w)  # a last, discarded gradient: keep a receive ready until the worker confirms
+            self._repost_arrived()
             for w in MPI.Request.Testsome(byes) or []:
                 confirmed.add(w)
-                self._reqs[w].Cancel()
-                self._reqs[w].Wait()
+                if self._reqs[w] != MPI.REQUEST_NULL:  # it will send nothing more: withdraw the receive
+                    self._reqs[w].Cancel()
+                    self._reqs[w].Wait()
             if len(confirmed) < self.n:
                 time.sleep(self.poll_interval)
         return sorted(set(range(self.n)) - confirmed)
+
+    def _repost_arrived(self) -> None:
+        """Discard gradients that arrive while stopping, keeping a receive ready for the next."""
+        for w in MPI.Request.Testsome(self._reqs) or []:
+            self.post(w)
 
 
 class WorkerTransport:
@@ -159,19 +173,25 @@ class WorkerTransport:
     def next_model(self, block: bool = True) -> int | None:
         """Step of the newest model received (older pending ones are drained), or None.
 
-        Returns None when the master asked to stop, or when nothing new arrived and block is
-        False; `self.model` then holds the parameters. Check stop_requested() to tell apart.
+        Returns None when the master asked to stop (then `stopped` is True), or when nothing
+        new arrived and block is False; `self.model` holds the parameters. The master keeps at
+        most one model in flight per worker, so draining is a safety net: MPI only promises
+        that a sent message becomes visible to Iprobe eventually, not at once.
         """
         self.stopped = False
         got = None
         while True:
-            while self.comm.Iprobe(source=0, tag=MPI.ANY_TAG, status=self._status):
+            misses = 0
+            while misses < 3:  # a few probes: one progress call may not surface every message
+                if not self.comm.Iprobe(source=0, tag=MPI.ANY_TAG, status=self._status):
+                    misses += 1
+                    continue
                 if self._status.Get_tag() == TAG_STOP:
                     self.comm.Recv([np.zeros(1), MPI.DOUBLE], source=0, tag=TAG_STOP)
                     self.stopped = True
                     return None
                 self.comm.Recv([self._model_buf, MPI.BYTE], source=0, tag=TAG_MODEL)
-                got = int(self.model_header[0])
+                got, misses = int(self.model_header[0]), 0
             if got is not None or not block:
                 return got
             time.sleep(self.poll_interval)

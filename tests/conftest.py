@@ -21,6 +21,7 @@ def _with_mpi(config: pytest.Config) -> bool:
     return bool(config.getoption("--with-mpi", default=False))
 
 
+@pytest.hookimpl(trylast=True)  # after the terminal reporter exists
 def pytest_configure(config: pytest.Config) -> None:
     if not _with_mpi(config):
         return

@@ -1,0 +1,38 @@
+"""Launching bounded mpiexec jobs from tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pgc_mpi.metrics import read_metrics
+
+BIN = Path(sys.executable).parent
+MPIEXEC = str(BIN / "mpiexec")
+
+
+def mpi_env(timeout: int = 120) -> dict[str, str]:
+    """Environment for an mpiexec from a test: hydra kills the job after `timeout` seconds."""
+    env = dict(os.environ)
+    env["MPIEXEC_TIMEOUT"] = str(timeout)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def run_train(ranks: int, args: list[str], timeout: int = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`mpiexec -n RANKS python -m pgc_mpi train ARGS`, bounded by MPIEXEC_TIMEOUT and a subprocess timeout."""
+    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "pgc_mpi", "train", *args]
+    return subprocess.run(cmd, env=mpi_env(timeout), capture_output=True, text=True, timeout=timeout + 30, cwd=cwd)
+
+
+def steps_of(out: Path) -> list[dict]:
+    """The per-step records of a run's metrics.jsonl."""
+    return [r for r in read_metrics(out / "metrics.jsonl") if "event" not in r]
+
+
+def events_of(out: Path, event: str) -> list[dict]:
+    """The records of one event kind ('eval', 'summary', 'shutdown')."""
+    return [r for r in read_metrics(out / "metrics.jsonl") if r.get("event") == event]

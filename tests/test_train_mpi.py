@@ -1,0 +1,157 @@
+"""pgc-train end to end under mpiexec: trajectories, stragglers, hangs, deadlines, bad input.
+
+Each test launches a bounded mpiexec job (MPIEXEC_TIMEOUT plus a subprocess timeout).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import events_of, mpi_env, run_train, steps_of
+from pgc_mpi.datasets import load_digits
+from pgc_mpi.models import TorchClassifier
+from pgc_mpi.schemes import make_scheme
+from pgc_mpi.sim import replay
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("scheme,ranks,s", [
+    ("dgd", 5, 1), ("is-sgd", 5, 1), ("gc-fr", 5, 1), ("gc-cr", 5, 1), ("is-gc-fr", 5, 1),
+    ("is-gc-cr", 5, 1), ("pgc-fr", 5, 1), ("pgc-cr", 5, 1), ("pgc-cr", 4, 2), ("gc-cr", 7, 2),
+    ("pgc-fr", 7, 2),
+])
+def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s):
+    """float64, no stragglers: replaying the run's arrivals and buffer versions in the simulator
+    reproduces the MPI master's parameters at every step."""
+    out = tmp_path / "run"
+    args = ["--scheme", scheme, "-s", str(s), "--steps", "12", "--dtype", "float64", "--batch-size", "16",
+            "--lr", "0.5", "--seed", "3", "--record-params", "--eval-every", "100", "--out", str(out)]
+    proc = run_train(ranks, args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    n = ranks - 1
+    problem = TorchClassifier("logreg", load_digits(3), n, 16, seed=3, dtype="float64")
+    expected = replay(make_scheme(scheme, n, s, seed=3), problem, steps_of(out), lr=0.5)
+    got = np.load(out / "params.npy")
+    assert got.shape == (13, problem.dim)
+    assert np.abs(got - np.stack(expected)).max() < 1e-10
+    assert np.abs(got[-1] - got[0]).max() > 1e-3  # it did train
+
+
+@pytest.mark.parametrize("scheme", ["pgc-cr", "pgc-fr", "gc-fr", "gc-cr", "is-sgd"])
+def test_coded_schemes_do_not_wait_for_a_random_straggler(tmp_path, scheme):
+    proc = run_train(5, ["--scheme", scheme, "-s", "1", "--steps", "20", "--delay", "random:1:2.0",
+                         "--out", str(tmp_path), "--grace", "5"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    median = np.median([r["step_time"] for r in steps_of(tmp_path)])
+    assert median < 0.5, median
+
+
+def test_dgd_waits_for_the_random_straggler(tmp_path):
+    proc = run_train(5, ["--scheme", "dgd", "--steps", "4", "--delay", "random:1:2.0", "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert np.median([r["step_time"] for r in steps_of(tmp_path)]) > 1.5
+
+
+def test_a_hung_worker_does_not_stop_a_coded_run(tmp_path):
+    began = time.monotonic()
+    proc = run_train(5, ["--scheme", "pgc-cr", "-s", "1", "--steps", "40", "--delay", "hang:2@5",
+                         "--grace", "3", "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert time.monotonic() - began < 90
+    assert events_of(tmp_path, "summary")[0]["steps"] == 40
+    assert events_of(tmp_path, "shutdown")[0]["abandoned"] == [2]
+    assert "workers [2] (ranks [3])" in proc.stderr
+    assert all(2 not in r["used"] for r in steps_of(tmp_path)[6:])
+
+
+def test_dgd_with_a_hung_worker_fails_at_the_deadline(tmp_path):
+    proc = run_train(5, ["--scheme", "dgd", "--steps", "20", "--delay", "hang:1@3", "--deadline", "1",
+                         "--on-deadline", "fail", "--out", str(tmp_path)])
+    assert proc.returncode != 0
+    assert "could not decode by the deadline" in proc.stderr and "missing workers [1]" in proc.stderr
+    assert len(steps_of(tmp_path)) == 3
+
+
+def test_dgd_partial_decoding_at_the_deadline(tmp_path):
+    proc = run_train(5, ["--scheme", "dgd", "--steps", "6", "--delay", "hang:1@3", "--deadline", "0.5",
+                         "--on-deadline", "partial", "--grace", "2", "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    late = steps_of(tmp_path)[3:]
+    assert all(r["partial"] and r["residual"] > 0 and r["used"] == [0, 2, 3] for r in
+               [{**r, "used": sorted(r["used"])} for r in late])
+
+
+def test_pbs_trains(tmp_path):
+    proc = run_train(5, ["--scheme", "pbs", "-s", "1", "--steps", "60", "--eval-every", "30", "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    evals = events_of(tmp_path, "eval")
+    assert evals[-1]["train_loss"] < 0.7 * evals[0]["train_loss"] or evals[-1]["test_accuracy"] > 0.8
+    assert all(r["max_staleness"] < 2 for r in steps_of(tmp_path))
+
+
+def test_target_loss_stops_early(tmp_path):
+    proc = run_train(5, ["--steps", "500", "--eval-every", "5", "--target-loss", "1.0", "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = events_of(tmp_path, "summary")[0]
+    assert summary["stopped_at_target"] and summary["steps"] < 500 and summary["final_train_loss"] <= 1.0
+
+
+def test_toml_config_and_flag_precedence(tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('scheme = "gc-cr"\nsteps = 7\nlr = 0.2\neval-every = 100\n')
+    proc = run_train(4, ["--config", str(cfg), "--steps", "5", "--out", str(tmp_path / "o")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    resolved = json.loads((tmp_path / "o" / "config.json").read_text())["config"]
+    assert resolved["scheme"] == "gc-cr" and resolved["steps"] == 5 and resolved["lr"] == 0.2
+    assert len(steps_of(tmp_path / "o")) == 5
+
+
+@pytest.mark.parametrize("ranks,args,message", [
+    (5, ["--scheme", "nope"], "unknown scheme 'nope'"),
+    (5, ["--lr", "-1"], "--lr must be a number > 0"),
+    (5, ["--steps", "0"], "--steps must be a positive integer"),
+    (5, ["--scheme", "pgc-fr", "-s", "2"], "needs n divisible by c = 3"),
+    (5, ["-s", "4"], "s must be smaller than n"),
+    (1, [], "at least 2 MPI ranks"),
+    (5, ["--delay", "hang:9@1"], "worker id 9 is outside 0..3"),
+    (5, ["--delay", "slow"], "is not a straggler model"),
+    (5, ["--optimizer", "lbfgs"], "--optimizer 'lbfgs' is not one of"),
+    (5, ["--bogus"], "unrecognized arguments: --bogus"),
+    (5, ["--config", "/nonexistent.toml"], "no such file"),
+])
+def test_bad_input_gives_one_clear_error(ranks, args, message):
+    began = time.monotonic()
+    proc = run_train(ranks, args, timeout=60)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.count("error") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - began < 60
+
+
+def test_bad_toml_key_and_type(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('schem = "pgc-cr"\n')
+    assert "unknown key 'schem'" in run_train(3, ["--config", str(bad)], timeout=60).stderr
+    bad.write_text('steps = "ten"\n')
+    assert "must be of type int" in run_train(3, ["--config", str(bad)], timeout=60).stderr
+
+
+def test_readme_quick_start_command_runs(tmp_path):
+    """The README's quick-start training command, verbatim, in a scratch directory."""
+    readme = (ROOT / "README.md").read_text()
+    command = next(line.strip() for line in readme.splitlines() if line.strip().startswith("mpiexec -n 5 pgc-train"))
+    proc = subprocess.run(shlex.split(command), env=mpi_env(180), capture_output=True, text=True,
+                          timeout=200, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "test accuracy" in proc.stdout
+    assert list((tmp_path / "runs").glob("*/metrics.jsonl"))

@@ -1,0 +1,114 @@
+"""The transport under real MPI (pytest-mpi): run with `mpiexec -n N python -m pytest --with-mpi -m mpi`.
+
+Written for any N >= 2: rank 0 is the master, every other rank a worker.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from pgc_mpi.transport import Layout, MasterTransport, WorkerTransport, duplicate_world
+
+
+def _layout() -> Layout:
+    return Layout(header=6, dim=1000, dtype=np.float32)
+
+
+def _master_collect(link: MasterTransport, n: int, timeout: float = 30.0) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    got = {}
+    until = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < until:
+        for i in link.poll(until):
+            got[i] = (link.headers[i].copy(), link.payloads[i].copy())
+    return got
+
+
+@pytest.mark.mpi(min_size=2)
+def test_models_out_coded_gradients_in_and_a_clean_stop():
+    comm = duplicate_world()
+    n = comm.Get_size() - 1
+    w = np.linspace(0, 1, 1000, dtype=np.float32)
+    if comm.Get_rank() == 0:
+        link = MasterTransport(comm, n, _layout(), poll_interval=0.001)
+        for i in range(n):
+            link.post(i)
+        link.publish(3, w)
+        for i in range(n):
+            link.send_model(i)
+        sent = w.copy()
+        w += 5.0  # the master may update right away: the workers got the published snapshot
+        got = _master_collect(link, n)
+        assert sorted(got) == list(range(n))
+        for i, (header, payload) in got.items():
+            assert header[:2].tolist() == [3, i]
+            np.testing.assert_array_equal(payload, sent * (i + 1))
+        assert link.bytes_received == n * _layout().nbytes
+        assert link.shutdown(grace=20) == []
+    else:
+        link = WorkerTransport(comm, _layout(), poll_interval=0.001)
+        assert link.next_model() == 3
+        np.testing.assert_array_equal(link.model, w)
+        link.payload[:] = link.model * comm.Get_rank()
+        link.header[:] = (3, comm.Get_rank() - 1, -1, 0.5, 2, 3)
+        link.send()
+        assert link.next_model() is None and link.stopped
+        link.confirm_stop()
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_worker_that_fell_behind_keeps_only_the_newest_model():
+    comm = duplicate_world()
+    n = comm.Get_size() - 1
+    if comm.Get_rank() == 0:
+        link = MasterTransport(comm, n, _layout(), poll_interval=0.001)
+        for i in range(n):
+            link.post(i)
+        for step in (1, 2, 3):
+            link.publish(step, np.full(1000, step, dtype=np.float32))
+            for i in range(n):
+                link.send_model(i)
+        got = _master_collect(link, n)
+        assert all(header[0] == 3 for header, _ in got.values())
+        assert link.shutdown(grace=20) == []
+    else:
+        link = WorkerTransport(comm, _layout(), poll_interval=0.001)
+        time.sleep(0.3)  # busy elsewhere while three models arrive
+        seen = [link.next_model()]
+        until = time.monotonic() + 10
+        while seen[-1] != 3 and time.monotonic() < until:
+            newer = link.next_model(block=False)
+            if newer is not None:
+                seen.append(newer)
+        assert seen == sorted(seen) and seen[-1] == 3  # never an older model after a newer one
+        assert (link.model == 3).all()
+        link.header[0] = 3
+        link.send()
+        assert link.next_model() is None
+        link.confirm_stop()
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_late_gradient_sent_while_stopping_is_received_not_left_pending():
+    comm = duplicate_world()
+    n = comm.Get_size() - 1
+    if comm.Get_rank() == 0:
+        link = MasterTransport(comm, n, Layout(6, 2_000_000, np.float32), poll_interval=0.001)
+        for i in range(n):
+            link.post(i)
+        link.publish(0, np.zeros(2_000_000, dtype=np.float32))
+        for i in range(n):
+            link.send_model(i)
+        assert link.shutdown(grace=30) == []  # stop before any gradient came back
+    else:
+        link = WorkerTransport(comm, Layout(6, 2_000_000, np.float32), poll_interval=0.001)
+        assert link.next_model() == 0
+        time.sleep(0.2)
+        link.send()  # 8 MB: a rendezvous send that needs the master's receive to still be posted
+        assert link.next_model() is None
+        link.confirm_stop()
+    comm.Free()
