@@ -20,7 +20,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .collector import DEADLINE_POLICIES
-from .datasets import DATASETS
+from .datasets import BUILTIN
 from .errors import ConfigError
 from .models import DTYPES, MODELS
 from .optim import OPTIMIZERS
@@ -54,6 +54,7 @@ class TrainConfig:
     grace: float = 10.0
     poll_interval: float = 0.002
     threads: int = 1
+    eval_train: bool = True
     record_params: bool = False
 
     def validate(self, workers: int) -> None:
@@ -66,7 +67,6 @@ class TrainConfig:
         _positive_int("threads", self.threads)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("on-deadline", self.on_deadline, DEADLINE_POLICIES)
-        _choice("dataset", self.dataset, DATASETS)
         _choice("model", self.model, MODELS)
         _choice("dtype", self.dtype, tuple(DTYPES))
         _positive("lr", self.lr)
@@ -120,7 +120,7 @@ _HELP = {
     "optimizer": f"master's optimizer: {', '.join(OPTIMIZERS)}",
     "momentum": "momentum of --optimizer momentum",
     "batch_size": "minibatch size per partition gradient",
-    "dataset": f"data set: {', '.join(DATASETS)}",
+    "dataset": f"built-in data set ({', '.join(BUILTIN)}) or an HDF5 file made by `python -m data_prep`",
     "model": f"model: {', '.join(MODELS)}",
     "seed": "seed of model, partitions, minibatches, encoding and delays",
     "deadline": "seconds the master waits per step before --on-deadline applies (default: no deadline)",
@@ -134,6 +134,8 @@ _HELP = {
     "grace": "seconds to wait for workers to stop at the end before abandoning hung ones",
     "poll_interval": "seconds the master sleeps between polls of its receives",
     "threads": "torch threads per rank",
+    "eval_train": "evaluate on the full training split too (--no-eval-train: test split only; "
+                  "--target-loss then uses the recent minibatch losses)",
     "record_params": "also write params.npy with the parameters after every step (small models only)",
 }
 
@@ -151,8 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + f.name.replace("_", "-")
         names = [flag, "-s"] if f.name == "stragglers" else [flag]
         help_text = f"{_HELP[f.name]} (default: {getattr(defaults, f.name)})"
-        if f.type in ("bool",):
-            p.add_argument(*names, action="store_true", default=None, help=help_text)
+        if f.type == "bool":
+            p.add_argument(*names, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             p.add_argument(*names, type=_arg_type(f.type), default=None, metavar=f.name.upper(), help=help_text)
     return p

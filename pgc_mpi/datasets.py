@@ -1,4 +1,9 @@
-"""Data sets as in-memory arrays: train/test features, integer labels, and their description."""
+"""Data sources: the built-in digits set in memory, and HDF5 files read lazily, rows on demand.
+
+`open_dataset("digits")` needs nothing prepared; `open_dataset("path/to/file.h5")` opens a file
+written by `python -m data_prep` (layout in h5format.py). A worker reads only the rows of the
+partitions it stores; the master reads the test split (and the training split to evaluate on).
+"""
 
 from __future__ import annotations
 
@@ -9,26 +14,69 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError
+from .h5format import DataFormatError, open_checked
 
-DATASETS = ("digits",)
+BUILTIN = ("digits",)
 
 
 @dataclass(frozen=True)
-class Dataset:
-    """A classification data set; features are float32, labels int64 in 0..num_classes-1."""
+class DataInfo:
+    """What a data set is: name, task, classes, sample shape and split sizes."""
 
     name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
+    task: str  # "classification" or "regression"
     num_classes: int
+    sample_shape: tuple[int, ...]
+    num_train: int
+    num_test: int
     source: str
 
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        """Shape of one sample (e.g. (64,) or (1, 28, 28))."""
-        return tuple(self.x_train.shape[1:])
+
+class ArraySource:
+    """A data set held in memory (the built-in ones)."""
+
+    def __init__(self, info: DataInfo, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray]):
+        self.info, self._train, self._test = info, train, test
+
+    def read_train(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Features and labels of the given training rows (sorted indices)."""
+        return self._train[0][rows], self._train[1][rows]
+
+    def read_split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """A whole split ('train' or 'test')."""
+        return self._train if split == "train" else self._test
+
+
+class H5Source:
+    """A data file in pgc-mpi's HDF5 layout, opened read-only; nothing is read until asked for."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._file = open_checked(self.path)
+        a = self._file.attrs
+        self.info = DataInfo(
+            name=str(a["name"]), task=str(a["task"]), num_classes=int(a["num_classes"]),
+            sample_shape=tuple(int(v) for v in a["sample_shape"]), num_train=len(self._file["train"]["y"]),
+            num_test=len(self._file["test"]["y"]), source=str(a.get("source", "")),
+        )
+
+    def read_train(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Features and labels of the given training rows (sorted, distinct): an h5py selection
+        that reads those rows only."""
+        rows = np.asarray(rows)
+        if len(rows) == 0:
+            return (np.zeros((0, *self.info.sample_shape), np.float32),
+                    self._file["train"]["y"][:0])
+        group = self._file["train"]
+        return group["x"][rows], group["y"][rows]
+
+    def read_split(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """A whole split ('train' or 'test')."""
+        group = self._file[split]
+        return group["x"][...], group["y"][...]
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def _digits_file() -> Path:
@@ -39,21 +87,38 @@ def _digits_file() -> Path:
     return Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
 
 
-def load_digits(seed: int = 0) -> Dataset:
-    """scikit-learn's 8x8 handwritten digits (1797 samples, ships inside its wheel), split 80/20 by a
-    seeded permutation. Pixels are scaled from 0..16 to 0..1.
-    """
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 8x8 handwritten digits as raw (1797, 1, 8, 8) pixel values 0..16 and labels."""
     table = np.loadtxt(_digits_file(), delimiter=",", dtype=np.float64)
-    x = (table[:, :-1] / 16.0).astype(np.float32)
-    y = table[:, -1].astype(np.int64)
-    perm = np.random.default_rng([seed, 0xD161]).permutation(len(y))
-    cut = int(0.8 * len(y))
-    train, test = perm[:cut], perm[cut:]
-    return Dataset("digits", x[train], y[train], x[test], y[test], 10, "scikit-learn datasets/data/digits.csv.gz")
+    return table[:, :-1].reshape(-1, 1, 8, 8), table[:, -1].astype(np.int64)
 
 
-def load_dataset(name: str, seed: int = 0) -> Dataset:
-    """A data set by name."""
-    if name == "digits":
+def split_train_test(n: int, seed: int, test_fraction: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted train and test row indices of a seeded split."""
+    perm = np.random.default_rng([seed, 0xD161]).permutation(n)
+    cut = n - int(round(test_fraction * n))
+    return np.sort(perm[:cut]), np.sort(perm[cut:])
+
+
+def load_digits(seed: int = 0) -> ArraySource:
+    """The built-in default: digits (1797 samples, shipped inside scikit-learn's wheel), pixels
+    scaled to 0..1, split 80/20 by a seeded permutation."""
+    x, y = digits_arrays()
+    x = (x / 16.0).astype(np.float32)
+    train, test = split_train_test(len(y), seed)
+    info = DataInfo("digits", "classification", 10, (1, 8, 8), len(train), len(test),
+                    "scikit-learn datasets/data/digits.csv.gz")
+    return ArraySource(info, (x[train], y[train]), (x[test], y[test]))
+
+
+def open_dataset(spec: str, seed: int = 0) -> ArraySource | H5Source:
+    """A built-in data set by name ('digits') or an HDF5 file by path."""
+    if spec in BUILTIN:
         return load_digits(seed)
-    raise ConfigError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    if spec.endswith((".h5", ".hdf5")) or Path(spec).exists():
+        try:
+            return H5Source(Path(spec))
+        except DataFormatError as exc:
+            raise ConfigError(f"--dataset {exc}") from None
+    raise ConfigError(f"--dataset {spec!r} is neither a built-in data set ({', '.join(BUILTIN)}) nor an HDF5 file; "
+                      f"convert one with `python -m data_prep`")

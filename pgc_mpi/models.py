@@ -1,31 +1,87 @@
-"""Torch models on one flat parameter buffer, and the classification problem workers compute.
+"""Torch models on one flat parameter buffer, and the training problem a worker computes.
 
 FlatParams rebinds every parameter of an nn.Module (and its .grad) to views of one contiguous
 buffer, so the parameters a worker receives over MPI and the gradient it sends are plain NumPy
-views: no per-step flattening. Any nn.Module without buffers works; see TorchClassifier.
+views: no per-step flattening. Any nn.Module works (pass it instead of a model name).
+
+Batch-norm and other buffers: only parameters travel. Workers run in training mode, so batch
+norm normalizes with each minibatch's own statistics and the running statistics a worker
+accumulates stay local (never sent). Before every evaluation the master recomputes the running
+statistics from up to CALIBRATION_SAMPLES training samples at its current parameters (a
+cumulative average over batches, as torch.optim.swa_utils.update_bn does), then evaluates in
+eval mode.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 from torch import nn
 
-from .datasets import Dataset
+from .datasets import ArraySource, H5Source
 from .errors import ConfigError
 from .sampling import minibatch_positions, partition_indices
 
-MODELS = ("logreg", "mlp")
+MODELS = ("logreg", "linear", "mlp", "cnn", "resnet18")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+CALIBRATION_SAMPLES = 4096
+EVAL_BATCH = 1024
 
 
-def build_model(name: str, sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """A fresh (unseeded) model by name for inputs of `sample_shape` and `num_classes` classes."""
+class _BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 for small images (CIFAR variant: 3x3 stem, no max-pool); ~11.2M parameters."""
+
+    def __init__(self, channels: int, num_classes: int):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        blocks, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            blocks += [_BasicBlock(cin, cout, stride), _BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
+def build_model(name: str, sample_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """A fresh model by name for inputs of `sample_shape` and `outputs` logits (1 for regression)."""
     features = int(np.prod(sample_shape))
-    if name == "logreg":
-        return nn.Sequential(nn.Flatten(), nn.Linear(features, num_classes))
+    if name in ("logreg", "linear"):
+        return nn.Sequential(nn.Flatten(), nn.Linear(features, outputs))
     if name == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(features, 128), nn.ReLU(), nn.Linear(128, num_classes))
+        return nn.Sequential(nn.Flatten(), nn.Linear(features, 128), nn.ReLU(), nn.Linear(128, outputs))
+    if name in ("cnn", "resnet18") and len(sample_shape) != 3:
+        raise ConfigError(f"model {name!r} needs image samples [channels, height, width], got shape "
+                          f"{list(sample_shape)}: use logreg or mlp for this data set")
+    if name == "cnn":  # LeNet-style; two 2x poolings, so 8x8, 28x28 and 32x32 inputs all fit
+        c, h, w = sample_shape
+        return nn.Sequential(
+            nn.Conv2d(c, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), 128), nn.ReLU(), nn.Linear(128, outputs),
+        )
+    if name == "resnet18":
+        return ResNet18(sample_shape[0], outputs)
     raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
 
 
@@ -33,8 +89,6 @@ class FlatParams:
     """A module's parameters and gradients as views into one contiguous buffer each."""
 
     def __init__(self, module: nn.Module, dtype: torch.dtype):
-        if any(True for _ in module.buffers()):
-            raise ConfigError("models with buffers (e.g. batch norm statistics) are not supported yet")
         module.to(dtype)
         params = list(module.parameters())
         self.dim = sum(p.numel() for p in params)
@@ -59,39 +113,73 @@ class FlatParams:
             raise RuntimeError("a parameter's .grad no longer views the flat gradient buffer")
 
 
-class TorchClassifier:
-    """Cross-entropy classification with a torch model: the Problem protocol of problems.py."""
+class TorchProblem:
+    """A torch model trained on a data source: the Problem protocol of problems.py.
+
+    Only the partitions in `partitions` (all when None) are read from the source, once; the
+    test split and the training split used for evaluation are read on first evaluate().
+    """
 
     optimum = None
 
-    def __init__(self, model: str | nn.Module, data: Dataset, n: int, batch_size: int | None,
-                 seed: int = 0, dtype: str = "float32"):
+    def __init__(self, model: str | nn.Module, source: ArraySource | H5Source, n: int, batch_size: int | None,
+                 seed: int = 0, dtype: str = "float32", partitions: Iterable[int] | None = None,
+                 eval_train: bool = True):
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        info = source.info
+        self.info, self.source, self.dtype = info, source, DTYPES[dtype]
+        self.regression = info.task == "regression"
         torch.manual_seed(seed)
-        module = build_model(model, data.sample_shape, data.num_classes) if isinstance(model, str) else model
-        self.module = module
-        self.flat = FlatParams(module, DTYPES[dtype])
+        outputs = 1 if self.regression else info.num_classes
+        self.module = build_model(model, info.sample_shape, outputs) if isinstance(model, str) else model
+        self.flat = FlatParams(self.module, self.dtype)
+        self.has_buffers = any(True for _ in self.module.buffers())
         self.dim = self.flat.dim
-        self.data, self.batch_size, self.seed = data, batch_size, seed
-        self.partitions = partition_indices(len(data.y_train), n, seed)
-        self._x_train = torch.from_numpy(data.x_train).to(DTYPES[dtype])
-        self._y_train = torch.from_numpy(data.y_train)
-        self._x_test = torch.from_numpy(data.x_test).to(DTYPES[dtype])
-        self._y_test = torch.from_numpy(data.y_test)
+        self.batch_size, self.seed, self.eval_train = batch_size, seed, eval_train
+        self.partitions = partition_indices(info.num_train, n, seed)
+        wanted = range(n) if partitions is None else sorted(set(partitions))
+        self._local = {j: self._tensors(*source.read_train(self.partitions[j])) for j in wanted}
+        self._eval: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._initial = self.flat.values.copy()
+        self._check_fit()
+
+    def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.from_numpy(np.asarray(x)).to(self.dtype), torch.from_numpy(np.asarray(y)).to(
+            self.dtype if self.regression else torch.int64)
+
+    def _check_fit(self) -> None:
+        """One forward pass on a sample: a model that does not fit the data fails here, clearly."""
+        x = torch.zeros((2, *self.info.sample_shape), dtype=self.dtype)
+        try:
+            with torch.no_grad():
+                self.module.eval()
+                self.module(x)
+        except RuntimeError as exc:
+            raise ConfigError(f"the model does not fit samples of shape {list(self.info.sample_shape)}: "
+                              f"{str(exc).splitlines()[0]}") from None
+        finally:
+            self.module.train()
 
     def initial_params(self) -> np.ndarray:
         """The seeded initial parameters (a copy)."""
         return self._initial.copy()
 
+    def _loss(self, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        if self.regression:  # (1/2) squared error, as problems.LeastSquares
+            return 0.5 * nn.functional.mse_loss(out.squeeze(1), y, reduction=reduction)
+        return nn.functional.cross_entropy(out, y, reduction=reduction)
+
     def loss_and_grad(self, w: np.ndarray, partition: int, draw: int) -> tuple[float, np.ndarray]:
-        """Mean cross-entropy of the partition's `draw`-th minibatch at w, and its gradient (a copy)."""
-        rows = self.partitions[partition]
-        rows = torch.from_numpy(rows[minibatch_positions(len(rows), self.batch_size, draw, self.seed, partition)])
+        """Mean loss of the partition's `draw`-th minibatch at w, and its gradient (a copy)."""
+        if partition not in self._local:
+            raise KeyError(f"partition {partition} is not stored here (stored: {sorted(self._local)})")
+        x, y = self._local[partition]
+        pos = torch.from_numpy(minibatch_positions(len(y), self.batch_size, draw, self.seed, partition))
         self._load(w)
+        self.module.train()
         self.flat.flat_grad.zero_()
-        loss = nn.functional.cross_entropy(self.module(self._x_train[rows]), self._y_train[rows])
+        loss = self._loss(self.module(x[pos]), y[pos])
         loss.backward()
         self.flat.check_views()
         return float(loss.detach()), self.flat.grads.copy()
@@ -100,27 +188,64 @@ class TorchClassifier:
         """The gradient of loss_and_grad."""
         return self.loss_and_grad(w, partition, draw)[1]
 
+    def _split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if split not in self._eval:
+            self._eval[split] = self._tensors(*self.source.read_split(split))
+        return self._eval[split]
+
     @torch.no_grad()
-    def _mean_loss_accuracy(self, x: torch.Tensor, y: torch.Tensor, batch: int = 2048) -> tuple[float, float]:
+    def _recalibrate(self) -> None:
+        """Recompute batch-norm running statistics at the current parameters (see the module doc)."""
+        x, _ = self._split("train") if self.eval_train else self._calibration_set()
+        for m in self.module.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.reset_running_stats()
+                m.momentum = None  # cumulative average over the calibration batches
+        self.module.train()
+        for start in range(0, min(len(x), CALIBRATION_SAMPLES), EVAL_BATCH):
+            self.module(x[start:min(start + EVAL_BATCH, CALIBRATION_SAMPLES)])
+
+    def _calibration_set(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if "calibration" not in self._eval:
+            rows = np.sort(np.random.default_rng([self.seed, 0xCA1]).permutation(self.info.num_train)
+                           [:CALIBRATION_SAMPLES])
+            self._eval["calibration"] = self._tensors(*self.source.read_train(rows))
+        return self._eval["calibration"]
+
+    @torch.no_grad()
+    def _metrics(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        """Mean loss and accuracy over every sample, the last incomplete batch included."""
+        self.module.eval()
         total, correct = 0.0, 0
-        for start in range(0, len(y), batch):
-            out = self.module(x[start:start + batch])
-            total += float(nn.functional.cross_entropy(out, y[start:start + batch], reduction="sum"))
-            correct += int((out.argmax(dim=1) == y[start:start + batch]).sum())
-        return total / len(y), correct / len(y)
+        for start in range(0, len(y), EVAL_BATCH):
+            out = self.module(x[start:start + EVAL_BATCH])
+            yb = y[start:start + EVAL_BATCH]
+            total += float(self._loss(out, yb, reduction="sum"))
+            if not self.regression:
+                correct += int((out.argmax(dim=1) == yb).sum())
+        self.module.train()
+        return total / max(len(y), 1), correct / max(len(y), 1)
 
     def loss(self, w: np.ndarray) -> float:
         """Mean training loss over every training sample."""
         self._load(w)
-        return self._mean_loss_accuracy(self._x_train, self._y_train)[0]
+        if self.has_buffers:
+            self._recalibrate()
+        return self._metrics(*self._split("train"))[0]
 
     def evaluate(self, w: np.ndarray) -> dict[str, float]:
-        """Full training loss and accuracy, and test loss and accuracy, over every sample."""
+        """Test loss and accuracy (and training loss and accuracy with eval_train), over every sample."""
         self._load(w)
-        train_loss, train_acc = self._mean_loss_accuracy(self._x_train, self._y_train)
-        test_loss, test_acc = self._mean_loss_accuracy(self._x_test, self._y_test)
-        return {"train_loss": train_loss, "train_accuracy": train_acc, "test_loss": test_loss,
-                "test_accuracy": test_acc}
+        if self.has_buffers:
+            self._recalibrate()
+        out = {}
+        splits = ("train", "test") if self.eval_train else ("test",)
+        for split in splits:
+            loss, acc = self._metrics(*self._split(split))
+            out[f"{split}_loss"] = loss
+            if not self.regression:
+                out[f"{split}_accuracy"] = acc
+        return out
 
     def _load(self, w: np.ndarray) -> None:
         if w is not self.flat.values:

@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import TrainConfig, config_from_args
-from .datasets import Dataset, load_dataset
-from .errors import PgcError
+from .errors import ConfigError, PgcError
 from .metrics import MetricsWriter, Progress, setup_logging, write_json
 from .schemes import make_scheme
 from .stragglers import DelayModel
@@ -21,16 +20,28 @@ from .transport import Layout, MasterTransport, WorkerTransport, abort, duplicat
 from .worker import header_length, run_worker
 
 
-def _resolve(argv: list[str], workers: int) -> tuple[str, object, Dataset | None]:
-    """On rank 0: the validated configuration and data set, or how to exit (argparse has printed its part)."""
+def _problem(cfg: TrainConfig, n: int, partitions: list[int]):
+    """The model and data of this rank: a worker's stored partitions, or none for the master."""
+    import torch
+
+    from .datasets import open_dataset
+    from .models import TorchProblem
+
+    torch.set_num_threads(cfg.threads)
+    source = open_dataset(cfg.dataset, cfg.seed)
+    if source.info.num_train < n:
+        raise ConfigError(f"data set {source.info.name!r} has {source.info.num_train} training samples, fewer than "
+                          f"the {n} partitions (one per worker): use fewer workers or a larger data set")
+    return TorchProblem(cfg.model, source, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype,
+                        partitions=partitions, eval_train=cfg.eval_train)
+
+
+def _resolve(argv: list[str], workers: int) -> tuple[str, object, object]:
+    """On rank 0: the validated configuration and the master's problem, or how to exit."""
     try:
         cfg = config_from_args(argv)
         cfg.validate(workers)
-        data = load_dataset(cfg.dataset, cfg.seed)
-        if len(data.y_train) < workers:
-            raise PgcError(f"data set {cfg.dataset!r} has {len(data.y_train)} training samples, fewer than "
-                           f"the {workers} partitions (one per worker): use fewer workers or a larger data set")
-        return "ok", cfg.to_dict(), data
+        return "ok", cfg.to_dict(), _problem(cfg, workers, partitions=[])
     except SystemExit as exc:  # --help, or a flag argparse rejected (it printed the message)
         return "exit", exc.code if isinstance(exc.code, int) else 2, None
     except PgcError as exc:
@@ -55,15 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     comm = duplicate_world()
     rank, size = comm.Get_rank(), comm.Get_size()
     log = setup_logging(rank)
-    kind, value, data = _resolve(argv, size - 1) if rank == 0 else (None, None, None)
+    kind, value, problem = _resolve(argv, size - 1) if rank == 0 else (None, None, None)
     kind, value = comm.bcast((kind, value), root=0)
     if kind == "exit":
         return int(value)
     cfg = TrainConfig(**value)
     try:
-        # the built-in data sets are small: rank 0 loaded it once, the workers need not import its source
-        data = comm.bcast(data, root=0)
-        return _train(cfg, data, comm, log)
+        return _train(cfg, problem, comm, log)
     except PgcError as exc:
         log.error("%s", exc)
         abort(1)
@@ -73,20 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
-def _train(cfg: TrainConfig, data: Dataset, comm, log) -> int:
-    import torch
-
-    from .models import TorchClassifier
-
-    torch.set_num_threads(cfg.threads)
+def _train(cfg: TrainConfig, problem, comm, log) -> int:
     rank, n = comm.Get_rank(), comm.Get_size() - 1
     scheme = make_scheme(cfg.scheme, n, cfg.stragglers, seed=cfg.seed, c=cfg.c)
     if scheme.kind == "coded":  # every rank must hold the same encoding matrix
         digest = hashlib.sha256(scheme.encoding_matrix().tobytes()).hexdigest()
         if len(set(comm.allgather(digest))) != 1:
             raise PgcError("ranks built different encoding matrices (different numpy versions?)")
-    problem = TorchClassifier(cfg.model, data, n, cfg.batch_size,
-                              seed=cfg.seed, dtype=cfg.dtype)
+    if rank > 0:
+        problem = _problem(cfg, n, partitions=scheme.placement[rank - 1])
     layout = Layout(header_length(scheme), problem.dim, np.dtype(cfg.dtype))
     delays = DelayModel(cfg.delay, n, seed=cfg.seed)
     if rank > 0:
@@ -121,10 +125,11 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout) ->
     if cfg.record_params:
         np.save(out / "params.npy", np.stack(master.trajectory))
     ev = totals.last_eval
+    scores = ", ".join(f"{k.replace('_', ' ')} {100 * v:.1f}%" if k.endswith("accuracy") else
+                       f"{k.replace('_', ' ')} {v:.4f}" for k, v in ev.items() if k != "step")
     print(f"pgc-train: {cfg.scheme} (n={scheme.n}, s={scheme.s}) on {cfg.dataset}/{cfg.model}: "
           f"{totals.steps} steps in {wall:.1f} s, median step {summary['median_step_time'] * 1e3:.1f} ms\n"
-          f"  train loss {ev.get('train_loss', float('nan')):.4f}, test loss {ev.get('test_loss', float('nan')):.4f}, "
-          f"test accuracy {100 * ev.get('test_accuracy', float('nan')):.1f}%\n"
+          f"  {scores}\n"
           f"  stragglers skipped {totals.skipped} worker-steps, late messages {totals.late}, "
           f"deadline misses {totals.deadline_missed}\n  outputs: {out}", flush=True)
     abandoned = link.shutdown(cfg.grace)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from helpers import events_of, mpi_env, run_train, steps_of
+
 from pgc_mpi.datasets import load_digits
-from pgc_mpi.models import TorchClassifier
+from pgc_mpi.models import TorchProblem
 from pgc_mpi.schemes import make_scheme
 from pgc_mpi.sim import replay
 
@@ -36,7 +36,7 @@ def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s):
     proc = run_train(ranks, args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     n = ranks - 1
-    problem = TorchClassifier("logreg", load_digits(3), n, 16, seed=3, dtype="float64")
+    problem = TorchProblem("logreg", load_digits(3), n, 16, seed=3, dtype="float64")
     expected = replay(make_scheme(scheme, n, s, seed=3), problem, steps_of(out), lr=0.5)
     got = np.load(out / "params.npy")
     assert got.shape == (13, problem.dim)
@@ -103,6 +103,15 @@ def test_target_loss_stops_early(tmp_path):
     assert summary["stopped_at_target"] and summary["steps"] < 500 and summary["final_train_loss"] <= 1.0
 
 
+def test_local_launcher(tmp_path):
+    proc = subprocess.run([str(ROOT / "launch" / "local.sh"), "3", "--steps", "5", "--out", str(tmp_path)],
+                          env=mpi_env(120), capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(steps_of(tmp_path)) == 5
+    bad = subprocess.run([str(ROOT / "launch" / "local.sh"), "zero"], capture_output=True, text=True, timeout=10)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
 def test_toml_config_and_flag_precedence(tmp_path):
     cfg = tmp_path / "run.toml"
     cfg.write_text('scheme = "gc-cr"\nsteps = 7\nlr = 0.2\neval-every = 100\n')
@@ -147,9 +156,10 @@ def test_bad_toml_key_and_type(tmp_path):
 
 
 def test_readme_quick_start_command_runs(tmp_path):
-    """The README's quick-start training command, verbatim, in a scratch directory."""
+    """The README's quick-start training command (after the install), verbatim, in a scratch directory."""
     readme = (ROOT / "README.md").read_text()
-    command = next(line.strip() for line in readme.splitlines() if line.strip().startswith("mpiexec -n 5 pgc-train"))
+    line = next(line for line in readme.splitlines() if "&& mpiexec -n 5 pgc-train" in line)
+    command = line[line.index("mpiexec -n 5 pgc-train"):].strip()
     proc = subprocess.run(shlex.split(command), env=mpi_env(180), capture_output=True, text=True,
                           timeout=200, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
