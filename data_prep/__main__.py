@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                             ("fashion-mnist", f"Fashion-MNIST from Debian's dataset-fashion-mnist ({FASHION_DIR})")):
         q = add(name, help_text)
         q.add_argument("--dir", type=Path, default=FASHION_DIR if name == "fashion-mnist" else None,
-                       help="directory with the four standard file names (%s)" % ", ".join(IDX_NAMES.values()))
+                       help=f"directory with the four standard file names ({', '.join(IDX_NAMES.values())})")
         q.add_argument("--name", default=name, help="data set name stored in the file (default: %(default)s)")
         for key in IDX_NAMES:
             q.add_argument("--" + key.replace("_", "-"), type=Path, default=None, help="this file instead of DIR's")

@@ -79,7 +79,7 @@ def test_digits_round_trip(tmp_path):
     src = H5Source(out)
     assert src.info.num_train + src.info.num_test == 1797 and src.info.sample_shape == (1, 8, 8)
     x, y = src.read_split("train")
-    assert y.min() == 0 and y.max() == 9 and x.dtype == np.float32 and 0 <= x.min() and x.max() <= 1
+    assert y.min() == 0 and y.max() == 9 and x.dtype == np.float32 and x.min() >= 0 and x.max() <= 1
     raw_x, raw_y = digits_arrays()
     assert sorted(np.concatenate([y, src.read_split("test")[1]])) == sorted(raw_y)
     builtin = load_digits(0)
