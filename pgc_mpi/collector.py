@@ -70,6 +70,11 @@ class StepCollector:
         self._tracker.add(worker)
         return "accepted"
 
+    @property
+    def last_counted(self) -> bool:
+        """Whether the last accepted message enters a streaming decoder's sum (see ReadyTracker)."""
+        return self._tracker.counted
+
     def ready(self) -> bool:
         """Whether the scheme's decode condition holds for the arrivals so far."""
         return self._tracker.is_ready()

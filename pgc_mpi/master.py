@@ -68,7 +68,9 @@ class Master:
 
     def _run_coded(self) -> None:
         collector = StepCollector(self.scheme, self.cfg.max_staleness)
+        streams = self.scheme.streams
         busy = [False] * self.n  # a model is out with the worker and its answer is not back
+        g = self.opt.grad
         for t in range(self.cfg.steps):
             began = time.monotonic()
             collector.begin(t)
@@ -77,9 +79,13 @@ class Master:
                 if not busy[i]:
                     self.link.send_model(i)
                     busy[i] = True
-            held: list[int] = []  # accepted buffers, not reposted until decoded
+            held: list[int] = []  # accepted buffers kept for a decode after the last arrival
+            summed: list[int] = []  # messages already added into g (streaming decoders)
             losses: dict[int, float] = {}
+            messages: list[list] = []
             dec, missed = None, False
+            g[:] = 0.0
+            decode_time = 0.0
             deadline_at = began + self.cfg.deadline if self.cfg.deadline is not None else math.inf
             reminder = began + WAIT_REMINDER
             while dec is None:
@@ -87,10 +93,17 @@ class Master:
                     header = self.link.headers[i]
                     busy[i] = False
                     verdict = collector.offer(i, int(header[0]), header[HEADER_FIELDS:].astype(int).tolist())
+                    messages.append([i, int(header[0]), float(header[5]), float(header[4]), int(header[6]), verdict])
                     if verdict == "accepted":
-                        held.append(i)
                         losses[i] = float(header[3])
-                        continue
+                        if not streams:
+                            held.append(i)
+                            continue
+                        if collector.last_counted:  # decode while waiting: add it now
+                            mark = time.monotonic()
+                            g += self.link.payloads[i]
+                            summed.append(i)
+                            decode_time += time.monotonic() - mark
                     self.link.post(i)
                     if verdict == "late":  # the newest-model rule: it goes straight to this step
                         self.link.send_model(i)
@@ -116,16 +129,19 @@ class Master:
                     log.warning("step %d: waited %.0f s so far; workers %s have not answered",
                                 t, now - began, waiting)
                     reminder = now + WAIT_REMINDER
-            decode_began = time.monotonic()
-            self._apply(dec)
-            decode_time = time.monotonic() - decode_began
+            mark = time.monotonic()
+            self._finish_decode(dec, summed, held)
+            decode_time += time.monotonic() - mark
             for i in held:
                 self.link.post(i)
+            used = set(dec.used)
+            for m in messages:
+                m[-1] = "used" if m[-1] == "accepted" and m[0] in used else m[-1]
             record = {
                 "arrivals": collector.arrived, "used": dec.used, "late": collector.late,
                 "rejected": collector.rejected, "deadline_missed": missed, "partial": dec.partial,
                 "residual": dec.residual, "max_staleness": dec.max_staleness, "decode_time": decode_time,
-                "versions": collector.versions,
+                "versions": collector.versions, "messages": messages,
                 "train_loss": float(np.mean([losses[i] for i in dec.used])),
             }
             self.totals.late += collector.late
@@ -133,13 +149,22 @@ class Master:
             if self._finish_step(t, began, record):
                 break
 
-    def _apply(self, dec: Decoded) -> None:
-        """g_hat = sum_i a_i m_i into the optimizer's gradient buffer, then the update."""
-        g, scratch = self.opt.grad, self._scratch
-        g[:] = 0.0
-        for i in dec.used:  # axpy through a preallocated scratch buffer: no per-step allocation
-            np.multiply(self.link.payloads[i], g.dtype.type(dec.weights[i]), out=scratch)
-            g += scratch
+    def _finish_decode(self, dec: Decoded, summed: list[int], held: list[int]) -> None:
+        """g_hat = sum_i a_i m_i into the optimizer's gradient buffer, then the update.
+
+        A streaming decoder has already summed its messages (their weights are one common
+        factor): only the scaling is left. Otherwise the held buffers are combined now, with an
+        axpy through a preallocated scratch buffer (no per-step allocation).
+        """
+        g = self.opt.grad
+        if summed:
+            if summed != dec.used:
+                raise RuntimeError(f"streamed {summed} but the decoder used {dec.used}")
+            g *= g.dtype.type(dec.weights[summed[0]])
+        else:
+            for i in dec.used:
+                np.multiply(self.link.payloads[i], g.dtype.type(dec.weights[i]), out=self._scratch)
+                g += self._scratch
         self.opt.step()
 
     # -- pbs -----------------------------------------------------------------------------------
@@ -153,6 +178,7 @@ class Master:
             self.link.publish(t, self.w)
             arrivals: list[int] = []
             losses: list[float] = []
+            messages: list[list] = []
             missed = False
             deadline_at = began + self.cfg.deadline if self.cfg.deadline is not None else math.inf
             while True:
@@ -162,7 +188,9 @@ class Master:
                         sent[i] = t
                 for i in self.link.poll(min(time.monotonic() + 0.05, deadline_at if not missed else math.inf)):
                     header = self.link.headers[i]
-                    table.offer(int(header[2]), int(header[0]), self.link.payloads[i])
+                    fresh = table.offer(int(header[2]), int(header[0]), self.link.payloads[i])
+                    messages.append([i, int(header[0]), float(header[5]), float(header[4]), 1,
+                                     "used" if fresh else "stale"])
                     losses.append(float(header[3]))
                     arrivals.append(i)
                     self.link.post(i)
@@ -184,7 +212,7 @@ class Master:
             record = {
                 "arrivals": arrivals, "used": arrivals, "late": 0, "rejected": [], "deadline_missed": missed,
                 "partial": missed, "residual": 0.0, "max_staleness": int(ages.max()),
-                "decode_time": time.monotonic() - decode_began, "ages": ages.tolist(),
+                "decode_time": time.monotonic() - decode_began, "ages": ages.tolist(), "messages": messages,
                 "train_loss": float(np.mean(losses)) if losses else math.nan,
             }
             if self._finish_step(t, began, record):

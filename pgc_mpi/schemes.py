@@ -127,6 +127,9 @@ class CodedScheme(Scheme):
         else:
             self._B = support_matrix(placement, n)
         self.min_arrivals = n if rule.waits_for_all else n - s
+        # decoders whose weights are one common factor on a set known arrival by arrival: the
+        # master can sum messages as they come and scale once at the end
+        self.streams = rule.decoder in ("average", "groups")
 
     def encoding_matrix(self) -> np.ndarray:
         """The n x n encoding matrix B (a copy): row i is supported on placement[i]."""
@@ -224,15 +227,23 @@ class ReadyTracker:
     def __init__(self, scheme: CodedScheme):
         self.scheme = scheme
         self.count = 0
+        self.counted = False
         self.groups: set[int] = set()
         self._by_groups = scheme.rule.decoder == "groups"
         self._groups_needed = scheme.n // scheme.c
 
     def add(self, worker: int) -> bool:
-        """Count one more arrival; returns whether the step is now decodable."""
+        """Count one more arrival; returns whether the step is now decodable.
+
+        Afterwards `counted` tells whether this arrival's message enters the decoded sum of a
+        streaming decoder (every arrival for averages, the first of its group for FR).
+        """
         self.count += 1
+        self.counted = True
         if self._by_groups:
-            self.groups.add(worker // self.scheme.c)
+            group = worker // self.scheme.c
+            self.counted = group not in self.groups
+            self.groups.add(group)
         return self.is_ready()
 
     def is_ready(self) -> bool:

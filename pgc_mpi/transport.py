@@ -49,6 +49,7 @@ def abort(code: int) -> None:
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    time.sleep(0.5)  # let mpiexec forward what the ranks printed: an abort can drop output in transit
     MPI.COMM_WORLD.Abort(code)
     os._exit(code)
 

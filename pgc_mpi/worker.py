@@ -15,8 +15,9 @@ from .transport import WorkerTransport
 
 log = logging.getLogger("pgc_mpi")
 
-# Header of a gradient message: [step, worker, partition (-1: coded), loss, versions...]
-HEADER_FIELDS = 4
+# Header of a gradient message: [step, worker, partition (-1: coded), minibatch loss,
+# compute seconds, injected delay seconds, gradients computed, buffer versions...]
+HEADER_FIELDS = 7
 
 
 def header_length(scheme: CodedScheme | PbsScheme) -> int:
@@ -24,7 +25,7 @@ def header_length(scheme: CodedScheme | PbsScheme) -> int:
     return HEADER_FIELDS + (1 if scheme.kind == "table" else scheme.c)
 
 
-def _injected_delay(seconds: float, link: WorkerTransport) -> None:
+def _injected_delay(seconds: float, link: WorkerTransport) -> float:
     """Sleep like a slow node. A hang never wakes (as a real one would not); a finite delay
     ends early if the master asks to stop, since its result would be discarded anyway."""
     if seconds == math.inf:
@@ -34,6 +35,7 @@ def _injected_delay(seconds: float, link: WorkerTransport) -> None:
     until = time.monotonic() + seconds
     while time.monotonic() < until and not link.stop_requested():
         time.sleep(min(0.01, max(0.0, until - time.monotonic())))
+    return seconds
 
 
 def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, link: WorkerTransport,
@@ -53,14 +55,16 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
             computed += 1
     while step is not None:
         losses = []
+        began = time.perf_counter()
         for k in scheme.fresh_slots(step, worker):
             loss, buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(step, k))
             versions[k] = step
             losses.append(loss)
-            computed += 1
-        _injected_delay(delays.delay(worker, step), link)
         np.dot(coef, buffers, out=link.payload)
-        link.header[:HEADER_FIELDS] = (step, worker, -1, float(np.mean(losses)))
+        took = time.perf_counter() - began
+        computed += len(losses)
+        slept = _injected_delay(delays.delay(worker, step), link)
+        link.header[:HEADER_FIELDS] = (step, worker, -1, float(np.mean(losses)), took, slept, len(losses))
         link.header[HEADER_FIELDS:] = versions
         link.send()
         step = link.next_model()
@@ -77,9 +81,11 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
     while version is not None:
         slot = scheme.fresh_slots(count, worker)[0]
         part = scheme.placement[worker][slot]
+        began = time.perf_counter()
         loss, link.payload[:] = problem.loss_and_grad(link.model, part, scheme.draw_index(count, slot))
-        _injected_delay(delays.delay(worker, version, attempts), link)
-        link.header[:] = (version, worker, part, loss, version)
+        took = time.perf_counter() - began
+        slept = _injected_delay(delays.delay(worker, version, attempts), link)
+        link.header[:] = (version, worker, part, loss, took, slept, 1, version)
         link.send()
         count += 1
         newer = link.next_model(block=False)

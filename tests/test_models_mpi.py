@@ -9,6 +9,7 @@ import pytest
 
 from data_prep.__main__ import FASHION_DIR
 from data_prep.__main__ import main as prep
+
 from helpers import events_of, run_train
 
 

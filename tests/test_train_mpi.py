@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import events_of, mpi_env, run_train, steps_of
 
 from pgc_mpi.datasets import load_digits
 from pgc_mpi.models import TorchProblem
 from pgc_mpi.schemes import make_scheme
 from pgc_mpi.sim import replay
+
+from helpers import events_of, mpi_env, run_train, steps_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
