@@ -53,6 +53,7 @@ class Master:
         self.trajectory: list[np.ndarray] = [self.w.copy()] if cfg.record_params else []
         self._recent_losses: list[float] = []
         self._started = time.monotonic()
+        self._eval_seconds = 0.0  # evaluations pause training: wall_time leaves them out
 
     def run(self) -> RunTotals:
         """Train for cfg.steps steps (or to the target loss)."""
@@ -227,7 +228,8 @@ class Master:
         self.totals.steps = t + 1
         self.totals.skipped += self.n - len(record["used"])
         self.totals.deadline_missed += int(record["deadline_missed"])
-        self.metrics.write({"step": t, "wall_time": time.monotonic() - self._started, "step_time": step_time,
+        self.metrics.write({"step": t, "wall_time": time.monotonic() - self._started - self._eval_seconds,
+                            "step_time": step_time,
                             "bytes_received": self.link.bytes_received, **record})
         if self.cfg.record_params:
             self.trajectory.append(self.w.copy())
@@ -236,7 +238,9 @@ class Master:
         last = t + 1 == self.cfg.steps
         if (t + 1) % self.cfg.eval_every and not last:
             return False
+        mark = time.monotonic()
         ev = self.problem.evaluate(self.w)
+        self._eval_seconds += time.monotonic() - mark
         self.totals.last_eval = {"step": t, **ev}
         self.metrics.write({"event": "eval", "step": t, **ev})
         # without a full training-set evaluation, the target is checked on the recent minibatch losses

@@ -1,0 +1,150 @@
+"""How close the parameter server's runtime is to the machine's limits, measured in one run.
+
+Run under MPI with N+1 ranks (rank 0 the master):
+
+    MPIEXEC_TIMEOUT=600 mpiexec -n 5 python benchmarks/runtime_limits.py --sizes 1000000 11200000
+
+For each model size d (float32) it measures, in the same job:
+  * ping-pong: raw MPI point-to-point time of one d-float message between ranks 0 and 1
+    (uppercase Send/Recv on contiguous buffers: the limit);
+  * the master's per-step cost with workers that answer at once (no compute, no delay): publish
+    w, send it to N workers, receive N gradients, decode (pgc-cr: sum and scale), optimizer step,
+    using pgc-mpi's own MasterTransport/WorkerTransport and FlatOptimizer;
+  * decode throughput (summing N messages into g) against a NumPy copy of the same bytes.
+The communication efficiency is (2N one-way ping-pong times) / (per-step time minus decode and
+update): the bytes a step moves at raw point-to-point speed, over what the runtime took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from pgc_mpi.optim import FlatOptimizer
+from pgc_mpi.transport import Layout, MasterTransport, WorkerTransport, duplicate_world
+
+
+def polite_barrier(comm: MPI.Comm) -> None:
+    """A barrier that sleeps while it waits: MPICH's blocking Barrier spins, and on an
+    oversubscribed node spinning ranks would steal the measured ranks' CPU."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.001)
+
+
+def pingpong(comm: MPI.Comm, d: int, reps: int) -> float:
+    """Median one-way seconds of a d-float32 message between ranks 0 and 1 (others idle)."""
+    buf = np.zeros(d, dtype=np.float32)
+    times = []
+    polite_barrier(comm)
+    for _ in range(reps):
+        if comm.rank == 0:
+            t = time.perf_counter()
+            comm.Send([buf, MPI.FLOAT], dest=1, tag=7)
+            comm.Recv([buf, MPI.FLOAT], source=1, tag=7)
+            times.append((time.perf_counter() - t) / 2)
+        elif comm.rank == 1:
+            comm.Recv([buf, MPI.FLOAT], source=0, tag=7)
+            comm.Send([buf, MPI.FLOAT], dest=0, tag=7)
+    polite_barrier(comm)
+    return float(np.median(times)) if times else 0.0
+
+
+def master_steps(comm: MPI.Comm, d: int, steps: int) -> dict[str, float]:
+    """Per-step cost of the real master loop with instantly answering workers."""
+    n = comm.size - 1
+    layout = Layout(8, d, np.float32)
+    if comm.rank > 0:
+        link = WorkerTransport(comm, layout, poll_interval=0.0005)
+        link.payload[:] = 1.0
+        while (step := link.next_model()) is not None:
+            link.header[0] = step
+            link.send()
+        link.confirm_stop()
+        return {}
+    link = MasterTransport(comm, n, layout, poll_interval=0.0005)
+    w = np.zeros(d, dtype=np.float32)
+    opt = FlatOptimizer(w, "sgd", 0.01)
+    for i in range(n):
+        link.post(i)
+    per_step, decode = [], []
+    for t in range(steps):
+        began = time.perf_counter()
+        link.publish(t, w)
+        for i in range(n):
+            link.send_model(i)
+        g = opt.grad
+        g[:] = 0.0
+        got, dec = 0, 0.0
+        while got < n:
+            for i in link.poll(time.monotonic() + 10):
+                mark = time.perf_counter()
+                g += link.payloads[i]  # streaming decode, as the master does for pgc-cr
+                dec += time.perf_counter() - mark
+                link.post(i)
+                got += 1
+        mark = time.perf_counter()
+        g *= np.float32(1.0 / (2 * n))
+        opt.step()
+        dec += time.perf_counter() - mark
+        per_step.append(time.perf_counter() - began)
+        decode.append(dec)
+    link.shutdown(grace=10)
+    return {"step": float(np.median(per_step[1:])), "decode_update": float(np.median(decode[1:]))}
+
+
+def memory_rates(d: int, n: int, reps: int = 5) -> dict[str, float]:
+    """GB/s of a NumPy copy and of the decode sum (g += m) over n messages of d floats."""
+    src = np.ones((n, d), dtype=np.float32)
+    dst = np.zeros(d, dtype=np.float32)
+    copy_t, sum_t = [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for i in range(n):
+            np.copyto(dst, src[i])
+        copy_t.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for i in range(n):
+            dst += src[i]
+        sum_t.append(time.perf_counter() - t)
+    nbytes = n * d * 4
+    return {"copy_GBps": nbytes / min(copy_t) / 1e9, "decode_GBps": nbytes / min(sum_t) / 1e9}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 11_200_000])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--reps", type=int, default=20)
+    args = p.parse_args()
+    comm = duplicate_world()
+    n = comm.size - 1
+    rows = []
+    for d in args.sizes:
+        one_way = pingpong(comm, d, args.reps)
+        cost = master_steps(comm, d, args.steps)
+        if comm.rank == 0:
+            comm_time = cost["step"] - cost["decode_update"]
+            row = {"d": d, "workers": n, "MB_per_message": d * 4 / 1e6, "pingpong_one_way_ms": one_way * 1e3,
+                   "raw_GBps": d * 4 / one_way / 1e9, "step_ms": cost["step"] * 1e3,
+                   "decode_update_ms": cost["decode_update"] * 1e3,
+                   "comm_efficiency": 2 * n * one_way / comm_time, **memory_rates(d, n)}
+            rows.append(row)
+        polite_barrier(comm)
+    if comm.rank == 0:
+        print("| d | workers | MB/msg | ping-pong one way (ms) | raw GB/s | master step (ms) | decode+update (ms) "
+              "| comm efficiency | numpy copy GB/s | decode GB/s |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['d']:,} | {r['workers']} | {r['MB_per_message']:.1f} | {r['pingpong_one_way_ms']:.2f} | "
+                  f"{r['raw_GBps']:.2f} | {r['step_ms']:.2f} | {r['decode_update_ms']:.2f} | "
+                  f"{r['comm_efficiency']:.2f} | {r['copy_GBps']:.2f} | {r['decode_GBps']:.2f} |")
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

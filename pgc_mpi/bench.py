@@ -1,0 +1,222 @@
+"""`pgc-bench EXPERIMENT.toml`: run every scheme x s x seed on the same straggler traces, then
+write a results table (Markdown and CSV) and figures.
+
+An experiment file:
+
+    name = "fashion-mnist comparison"
+    workers = 6
+    schemes = ["dgd", "is-sgd", "gc-fr", "gc-cr", "pgc-fr", "pgc-cr", "pbs"]
+    s = [1, 2]
+    seeds = [0]                 # each seed is a different straggler trace, the same for every scheme
+    is_gc_c = 2                 # c of the is-gc-* schemes (the paper's choice; default s+1)
+    target_loss = 0.6           # steps and wall time to reach it (full training loss)
+    timeout = 1800              # seconds per run (MPIEXEC_TIMEOUT)
+    launcher = "mpiexec -n {ranks}"   # e.g. "srun --mpi=pmi2 -n {ranks}" inside an allocation
+    [train]                     # any pgc-train option, for every run
+    dataset = "data/fashion-mnist.h5"
+    model = "cnn"
+    steps = 300
+    delay = "exp:0.05"
+
+dgd does not depend on s: it runs once per seed and is the reference of the step-time ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import TrainConfig, tomllib
+from .errors import ConfigError, PgcError
+from .results import RunSummary, summarize_run
+
+EXPERIMENT_KEYS = {"name": str, "workers": int, "schemes": list, "s": list, "seeds": list, "target_loss": float,
+                   "timeout": int, "launcher": str, "is_gc_c": int, "train": dict}
+
+
+def load_experiment(path: Path) -> dict[str, Any]:
+    """The experiment file, checked for unknown keys, types and pgc-train options."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such experiment file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    for key, value in raw.items():
+        if key not in EXPERIMENT_KEYS:
+            raise ConfigError(f"{path}: unknown key {key!r}; valid keys: {', '.join(EXPERIMENT_KEYS)}")
+        want = EXPERIMENT_KEYS[key]
+        if not isinstance(value, want) and not (want is float and isinstance(value, int)):
+            raise ConfigError(f"{path}: {key!r} must be a {want.__name__}, got {value!r}")
+    for key in ("workers", "schemes"):
+        if key not in raw:
+            raise ConfigError(f"{path}: missing required key {key!r}")
+    train = {k.replace("-", "_"): v for k, v in raw.get("train", {}).items()}
+    known = {f.name for f in fields(TrainConfig)} - {"scheme", "stragglers", "seed", "out"}
+    bad = sorted(set(train) - known)
+    if bad:
+        raise ConfigError(f"{path}: [train] has unknown or per-run options {bad}; scheme, s and seeds are set "
+                          f"at the top level")
+    return {"name": raw.get("name", Path(path).stem), "workers": raw["workers"], "schemes": raw["schemes"],
+            "s": raw.get("s", [1]), "seeds": raw.get("seeds", [0]), "target_loss": raw.get("target_loss"),
+            "timeout": raw.get("timeout", 1800), "launcher": raw.get("launcher", "mpiexec -n {ranks}"),
+            "is_gc_c": raw.get("is_gc_c"), "train": train}
+
+
+def run_options(exp: dict[str, Any], scheme: str, s: int, seed: int) -> dict[str, Any]:
+    """The pgc-train options of one run."""
+    options = {**exp["train"], "scheme": scheme, "stragglers": s, "seed": seed}
+    if scheme.startswith("is-gc-") and exp["is_gc_c"] is not None:
+        options["c"] = exp["is_gc_c"]
+    return options
+
+
+def plan(exp: dict[str, Any]) -> list[tuple[str, int, int, str | None]]:
+    """(scheme, s, seed, reason it cannot run or None) for every run of the experiment."""
+    runs = []
+    for seed in exp["seeds"]:
+        for scheme in exp["schemes"]:
+            for s in ([min(exp["s"])] if scheme == "dgd" else exp["s"]):
+                cfg = TrainConfig(**run_options(exp, scheme, s, seed))
+                try:
+                    cfg.validate(exp["workers"])
+                    reason = None
+                except ConfigError as exc:
+                    reason = str(exc)
+                runs.append((scheme, s, seed, reason))
+    return runs
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(v)
+
+
+def run_one(exp: dict[str, Any], scheme: str, s: int, seed: int, out: Path) -> tuple[int, float]:
+    """Launch one pgc-train job; returns (exit code, seconds)."""
+    out.mkdir(parents=True, exist_ok=True)
+    options = run_options(exp, scheme, s, seed)
+    (out / "run.toml").write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in options.items() if v is not None))
+    ranks = exp["workers"] + 1
+    launcher = shlex.split(exp["launcher"].format(ranks=ranks))
+    local = Path(sys.executable).parent / launcher[0]
+    if local.exists():  # the venv's own mpiexec, matching its mpi4py
+        launcher[0] = str(local)
+    cmd = [*launcher, sys.executable, "-m", "pgc_mpi", "train", "--config", str(out / "run.toml"), "--out", str(out)]
+    env = {**os.environ, "MPIEXEC_TIMEOUT": str(exp["timeout"]), "OMP_NUM_THREADS": "1"}
+    began = time.monotonic()
+    with (out / "log.txt").open("w") as log:
+        rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=exp["timeout"] + 60).returncode
+    return rc, time.monotonic() - began
+
+
+def aggregate(rows: list[RunSummary]) -> list[dict[str, Any]]:
+    """Median over seeds of every figure, per (scheme, s)."""
+    groups: dict[tuple[str, int], list[RunSummary]] = {}
+    for r in rows:
+        groups.setdefault((r.scheme, r.s), []).append(r)
+    out = []
+    for (scheme, s), runs in groups.items():
+        row: dict[str, Any] = {"scheme": scheme, "s": "-" if scheme == "dgd" else s, "runs": len(runs)}
+        for key in ("median_step_time", "step_time_vs_dgd", "steps_to_target", "time_to_target",
+                    "final_test_accuracy", "utilization", "wasted_gradients", "bytes_per_step", "max_staleness",
+                    "mean_staleness"):
+            values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
+            row[key] = float(np.median(values)) if len(values) == len(runs) else None  # None: some never reached
+        out.append(row)
+    return out
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The aggregated results as a Markdown table."""
+    head = ["scheme", "s", "median step (s)", "vs dgd", "steps to target", "time to target (s)",
+            "final test acc", "utilization", "wasted grads", "MB recv/step", "max stale", "mean stale"]
+    keys = ["scheme", "s", "median_step_time", "step_time_vs_dgd", "steps_to_target", "time_to_target",
+            "final_test_accuracy", "utilization", "wasted_gradients", "bytes_per_step", "max_staleness",
+            "mean_staleness"]
+
+    def cell(key: str, v: Any) -> str:
+        if v is None:
+            return "not reached" if key in ("steps_to_target", "time_to_target") else "-"
+        if key == "bytes_per_step":
+            return f"{v / 1e6:.2f}"
+        if key in ("steps_to_target", "wasted_gradients", "max_staleness"):
+            return f"{v:.0f}"
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cell(k, r.get(k)) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `pgc-bench`."""
+    p = argparse.ArgumentParser(prog="pgc-bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiment", type=Path, help="experiment TOML file")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default: bench/<experiment name>)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    args = p.parse_args(argv)
+    try:
+        exp = load_experiment(args.experiment)
+        runs = plan(exp)
+    except PgcError as exc:
+        print(f"pgc-bench: error: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or Path("bench") / exp["name"].replace(" ", "-")
+    for scheme, s, seed, reason in runs:
+        if reason:
+            print(f"skipping {scheme} s={s} seed={seed}: {reason}", file=sys.stderr)
+    todo = [(scheme, s, seed) for scheme, s, seed, reason in runs if reason is None]
+    if args.dry_run:
+        for scheme, s, seed in todo:
+            print(f"{scheme} s={s} seed={seed}")
+        return 0
+    finished: dict[tuple[str, int, int], Path] = {}
+    failed = 0
+    for k, (scheme, s, seed) in enumerate(todo, start=1):
+        run_dir = out / f"{scheme}-s{s}-seed{seed}"
+        print(f"[{k}/{len(todo)}] {scheme} s={s} seed={seed} ...", end=" ", flush=True)
+        rc, took = run_one(exp, scheme, s, seed, run_dir)
+        if rc == 0:
+            finished[(scheme, s, seed)] = run_dir
+            print(f"done in {took:.0f} s", flush=True)
+        else:
+            failed += 1
+            print(f"FAILED (exit {rc}; see {run_dir / 'log.txt'})", flush=True)
+    dgd = {seed: summarize_run(d, None).median_step_time for (scheme, _, seed), d in finished.items()
+           if scheme == "dgd"}
+    rows = [summarize_run(d, exp["target_loss"], dgd.get(seed)) for (_, _, seed), d in finished.items()]
+    if rows:
+        with (out / "results.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0].as_row()))
+            writer.writeheader()
+            writer.writerows(r.as_row() for r in rows)
+        table = markdown_table(aggregate(rows))
+        target = exp["target_loss"]
+        (out / "results.md").write_text(
+            f"# {exp['name']}\n\n{exp['workers']} workers; target loss {target if target is not None else '-'}; "
+            f"median over seeds {exp['seeds']}; options {exp['train']}\n\n{table}\n")
+        print(table)
+        from .plot import draw
+
+        for f in draw(list(finished.values()), out):
+            print(f)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

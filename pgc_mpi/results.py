@@ -1,0 +1,90 @@
+"""What a run's metrics.jsonl says, reduced to the numbers a scheme comparison is made of."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .metrics import read_metrics
+
+
+@dataclass
+class RunSummary:
+    """One run's figures of merit (None where the run never reached the target)."""
+
+    run: str
+    scheme: str
+    s: int
+    seed: int
+    steps: int
+    median_step_time: float
+    step_time_vs_dgd: float | None
+    steps_to_target: int | None
+    time_to_target: float | None
+    final_test_accuracy: float | None
+    utilization: float
+    wasted_gradients: int
+    bytes_per_step: float
+    max_staleness: int
+    mean_staleness: float
+
+    def as_row(self) -> dict:
+        return asdict(self)
+
+
+def load_run(run_dir: Path) -> tuple[dict, list[dict], list[dict]]:
+    """(config, per-step records, eval records) of one run directory."""
+    import json
+
+    config = json.loads((Path(run_dir) / "config.json").read_text())
+    records = read_metrics(Path(run_dir) / "metrics.jsonl")
+    return config, [r for r in records if "event" not in r], [r for r in records if r.get("event") == "eval"]
+
+
+def curve(steps: list[dict], evals: list[dict]) -> tuple[list[int], list[float], list[float]]:
+    """(step, wall time, loss) points: the full training loss at evaluations when there is one,
+    else the test loss."""
+    wall = {r["step"]: r["wall_time"] for r in steps}
+    key = "train_loss" if evals and "train_loss" in evals[0] else "test_loss"
+    pts = [(e["step"], wall.get(e["step"], math.nan), e[key]) for e in evals if e.get(key) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
+
+
+def summarize_run(run_dir: Path, target_loss: float | None, dgd_median: float | None = None) -> RunSummary:
+    """The figures of merit of one run; step_time_vs_dgd needs dgd's median step time of the same trace."""
+    config, steps, evals = load_run(run_dir)
+    cfg = config["config"]
+    n = int(config["workers"])
+    step_times = [r["step_time"] for r in steps]
+    median = float(np.median(step_times)) if step_times else math.nan
+    hit_step = hit_time = None
+    if target_loss is not None:
+        for step, wall, loss in zip(*curve(steps, evals)):
+            if loss <= target_loss:
+                hit_step, hit_time = step + 1, wall
+                break
+    messages = [m for r in steps for m in r.get("messages", [])]
+    compute = sum(m[3] for m in messages)
+    wall_total = steps[-1]["wall_time"] if steps else math.nan
+    final = evals[-1].get("test_accuracy") if evals else None
+    staleness = [r["max_staleness"] for r in steps]
+    return RunSummary(
+        run=Path(run_dir).name, scheme=cfg["scheme"], s=int(cfg["stragglers"]), seed=int(cfg["seed"]),
+        steps=len(steps), median_step_time=median,
+        step_time_vs_dgd=median / dgd_median if dgd_median else None,
+        steps_to_target=hit_step, time_to_target=hit_time, final_test_accuracy=final,
+        utilization=compute / (n * wall_total) if wall_total and wall_total > 0 else math.nan,
+        wasted_gradients=int(sum(m[4] for m in messages if m[5] != "used")),
+        bytes_per_step=steps[-1]["bytes_received"] / len(steps) if steps else math.nan,
+        max_staleness=int(max(staleness, default=0)), mean_staleness=float(np.mean(staleness)) if staleness else 0.0,
+    )
+
+
+def realized_delays(run_dir: Path) -> list[tuple[int, int, float]]:
+    """(worker, step, injected delay) of every message a run's master received: a replayable trace."""
+    _, steps, _ = load_run(run_dir)
+    seen = {(m[0], m[1]): m[2] for r in steps for m in r.get("messages", [])}
+    return [(w, s, d) for (w, s), d in sorted(seen.items())]
