@@ -16,10 +16,10 @@ def main(argv: list[str] | None = None) -> int:
         from .sim_cli import main as command
 
         return command(argv[1:])
-    from .train import cli
+    from .entry import train
 
     sys.argv = [f"{sys.argv[0]} train", *argv[1:]]
-    cli()  # does not return: it finalizes MPI and exits
+    train()  # does not return: it finalizes MPI and exits
     return 0
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import signals
 from .collector import DeadlineMissed, Decoded, StepCollector
 from .config import TrainConfig
 from .errors import NotDecodable
@@ -36,6 +37,7 @@ class RunTotals:
     deadline_missed: int = 0
     last_eval: dict = field(default_factory=dict)
     stopped_early: bool = False
+    stopped_by: str | None = None  # the signal that stopped the run
 
 
 class Master:
@@ -90,7 +92,9 @@ class Master:
             deadline_at = began + self.cfg.deadline if self.cfg.deadline is not None else math.inf
             reminder = began + WAIT_REMINDER
             while dec is None:
-                for i in self.link.poll(min(deadline_at if not missed else math.inf, reminder)):
+                if self._signalled(t):
+                    return
+                for i in self.link.poll(min(deadline_at if not missed else math.inf, reminder, time.monotonic() + 1)):
                     header = self.link.headers[i]
                     busy[i] = False
                     verdict = collector.offer(i, int(header[0]), header[HEADER_FIELDS:].astype(int).tolist())
@@ -183,6 +187,8 @@ class Master:
             missed = False
             deadline_at = began + self.cfg.deadline if self.cfg.deadline is not None else math.inf
             while True:
+                if self._signalled(t):
+                    return
                 for i in range(self.n):  # at most one model in flight per worker, always the newest
                     if sent[i] < t and not self.link.model_in_flight(i):
                         self.link.send_model(i)
@@ -222,6 +228,15 @@ class Master:
 
     # -- shared --------------------------------------------------------------------------------
 
+    def _signalled(self, t: int) -> bool:
+        """Whether a stop signal arrived; the step in progress is then abandoned."""
+        name = signals.requested()
+        if name is not None and self.totals.stopped_by is None:
+            log.warning("%s received during step %d: stopping (metrics are kept; exit status %d asks to requeue)",
+                        name, t, signals.EXIT_STOPPED)
+            self.totals.stopped_by = name
+        return name is not None
+
     def _finish_step(self, t: int, began: float, record: dict) -> bool:
         """Log the step and evaluate when due; returns True when the target loss is reached."""
         step_time = time.monotonic() - began
@@ -236,7 +251,8 @@ class Master:
         self._recent_losses = [*self._recent_losses[-self.cfg.eval_every + 1:], record["train_loss"]]
         self.progress.update(t, record["train_loss"], step_time, self.totals.skipped)
         last = t + 1 == self.cfg.steps
-        if (t + 1) % self.cfg.eval_every and not last:
+        stop = self._signalled(t + 1) and not last
+        if (t + 1) % self.cfg.eval_every and not last and not stop:
             return False
         mark = time.monotonic()
         ev = self.problem.evaluate(self.w)
@@ -249,4 +265,4 @@ class Master:
             log.info("step %d: training loss %.4f reached the target %.4g", t, train_loss, self.cfg.target_loss)
             self.totals.stopped_early = not last
             return True
-        return False
+        return stop

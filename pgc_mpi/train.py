@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import signals
 from .config import TrainConfig, config_from_args
 from .errors import ConfigError, PgcError
 from .metrics import MetricsWriter, Progress, setup_logging, write_json
@@ -63,6 +64,7 @@ def _versions() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pgc-train` (run it under mpiexec/srun with N+1 ranks)."""
     argv = sys.argv[1:] if argv is None else argv
+    signals.install()
     comm = duplicate_world()
     rank, size = comm.Get_rank(), comm.Get_size()
     log = setup_logging(rank)
@@ -116,7 +118,8 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout) ->
     wall = time.monotonic() - began
     progress.close()
     step_times = [r["step_time"] for r in _read_steps(metrics.path)]
-    summary = {"event": "summary", "status": "completed", "steps": totals.steps, "wall_time": wall,
+    status = f"stopped by {totals.stopped_by}" if totals.stopped_by else "completed"
+    summary = {"event": "summary", "status": status, "steps": totals.steps, "wall_time": wall,
                "median_step_time": float(np.median(step_times)) if step_times else None,
                "stragglers_skipped": totals.skipped, "late_messages": totals.late,
                "rejected_stale": totals.rejected, "deadline_missed": totals.deadline_missed,
@@ -128,7 +131,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout) ->
     scores = ", ".join(f"{k.replace('_', ' ')} {100 * v:.1f}%" if k.endswith("accuracy") else
                        f"{k.replace('_', ' ')} {v:.4f}" for k, v in ev.items() if k != "step")
     print(f"pgc-train: {cfg.scheme} (n={scheme.n}, s={scheme.s}) on {cfg.dataset}/{cfg.model}: "
-          f"{totals.steps} steps in {wall:.1f} s, median step {summary['median_step_time'] * 1e3:.1f} ms\n"
+          f"{totals.steps} steps in {wall:.1f} s, median step {1e3 * (summary['median_step_time'] or 0):.1f} ms\n"
           f"  {scores}\n"
           f"  stragglers skipped {totals.skipped} worker-steps, late messages {totals.late}, "
           f"deadline misses {totals.deadline_missed}\n  outputs: {out}", flush=True)
@@ -139,8 +142,12 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout) ->
                     "ending the job with MPI_Abort(0) since training completed", abandoned, ranks, cfg.grace)
         metrics.write({"event": "shutdown", "abandoned": abandoned})
         metrics.close()
-        abort(0)
+        abort(signals.EXIT_STOPPED if totals.stopped_by else 0)
     metrics.close()
+    if totals.stopped_by:
+        # every worker has stopped; MPICH's mpiexec does not always report rank 0's own exit
+        # status after a forwarded signal, but it always reports an abort's code
+        abort(signals.EXIT_STOPPED)
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -166,3 +167,26 @@ def test_readme_quick_start_command_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "test accuracy" in proc.stdout
     assert list((tmp_path / "runs").glob("*/metrics.jsonl"))
+
+
+@pytest.mark.parametrize("sig", ["SIGUSR1", "SIGTERM"])
+def test_a_stop_signal_ends_the_run_cleanly_and_asks_for_a_requeue(tmp_path, sig):
+    import signal
+
+    from helpers import MPIEXEC
+
+    cmd = [MPIEXEC, "-n", "4", sys.executable, "-m", "pgc_mpi", "train", "--steps", "100000", "--delay", "exp:0.01",
+           "--eval-every", "50", "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, env=mpi_env(120), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    until = time.monotonic() + 60
+    while time.monotonic() < until and not ((tmp_path / "metrics.jsonl").exists() and steps_of(tmp_path)):
+        time.sleep(0.2)
+    began = time.monotonic()
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 3, err[-3000:]
+    assert time.monotonic() - began < 30
+    summary = events_of(tmp_path, "summary")[0]
+    assert summary["status"] == f"stopped by {sig}" and 0 < summary["steps"] < 100000
+    assert len(steps_of(tmp_path)) == summary["steps"]
+    assert f"{sig} received" in err

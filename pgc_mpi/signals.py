@@ -1,0 +1,25 @@
+"""Stop requests by signal: Slurm's `--signal` (SIGUSR1 by default here) and SIGTERM.
+
+Every rank installs the handler, so a signal that reaches the whole job (srun and mpiexec
+forward it to all ranks) does not kill anyone on the spot: the master notices the request
+between two polls, finishes or abandons the current step, writes its metrics, stops the
+workers and exits with EXIT_STOPPED so the batch script can requeue the job.
+"""
+
+from __future__ import annotations
+
+import signal
+
+EXIT_STOPPED = 3  # the run stopped early on request: requeue or resume it
+_requested: list[int] = []
+
+
+def install() -> None:
+    """Record SIGUSR1 and SIGTERM instead of dying from them."""
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: _requested.append(signum))
+
+
+def requested() -> str | None:
+    """The name of the first stop signal received, or None."""
+    return signal.Signals(_requested[0]).name if _requested else None
