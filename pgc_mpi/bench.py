@@ -140,7 +140,7 @@ def aggregate(rows: list[RunSummary]) -> list[dict[str, Any]]:
     return out
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
+def markdown_table(rows: list[dict[str, Any]], has_target: bool = True) -> str:
     """The aggregated results as a Markdown table."""
     head = ["scheme", "s", "median step (s)", "vs dgd", "steps to target", "time to target (s)",
             "final test acc", "utilization", "wasted grads", "MB recv/step", "max stale", "mean stale"]
@@ -150,7 +150,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
     def cell(key: str, v: Any) -> str:
         if v is None:
-            return "not reached" if key in ("steps_to_target", "time_to_target") else "-"
+            return "not reached" if has_target and key in ("steps_to_target", "time_to_target") else "-"
         if key == "bytes_per_step":
             return f"{v / 1e6:.2f}"
         if key in ("steps_to_target", "wasted_gradients", "max_staleness"):
@@ -162,13 +162,61 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def run_dir_of(out: Path, scheme: str, s: int, seed: int) -> Path:
+    """Where one run's outputs go."""
+    return out / f"{scheme}-s{s}-seed{seed}"
+
+
+def gather(exp: dict[str, Any], out: Path, todo: list[tuple[str, int, int]]) -> int:
+    """Summarize the finished runs under `out` into results.csv, results.md and figures."""
+    finished = {key: run_dir_of(out, *key) for key in todo if _completed(run_dir_of(out, *key))}
+    missing = [key for key in todo if key not in finished]
+    for scheme, s, seed in missing:
+        print(f"no completed run for {scheme} s={s} seed={seed} in {out}", file=sys.stderr)
+    if not finished:
+        return 1
+    dgd = {seed: summarize_run(d, None).median_step_time for (scheme, _, seed), d in finished.items()
+           if scheme == "dgd"}
+    rows = [summarize_run(d, exp["target_loss"], dgd.get(seed)) for (_, _, seed), d in finished.items()]
+    with (out / "results.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0].as_row()))
+        writer.writeheader()
+        writer.writerows(r.as_row() for r in rows)
+    target = exp["target_loss"]
+    table = markdown_table(aggregate(rows), has_target=target is not None)
+    (out / "results.md").write_text(
+        f"# {exp['name']}\n\n{exp['workers']} workers; target loss {target if target is not None else '-'}; "
+        f"median over seeds {exp['seeds']}; options {exp['train']}\n\n{table}\n")
+    print(table)
+    from .plot import draw
+
+    for f in draw(list(finished.values()), out):
+        print(f)
+    return 1 if missing else 0
+
+
+def _completed(run_dir: Path) -> bool:
+    """Whether a run directory holds a finished run (its summary record says completed)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return False
+    from .metrics import read_metrics
+
+    return any(r.get("event") == "summary" and r.get("status") == "completed" for r in read_metrics(path))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pgc-bench`."""
     p = argparse.ArgumentParser(prog="pgc-bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", type=Path, help="experiment TOML file")
     p.add_argument("--out", type=Path, default=None, help="output directory (default: bench/<experiment name>)")
-    p.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    mode.add_argument("--count", action="store_true", help="print the number of runs (for a job array) and exit")
+    mode.add_argument("--run-index", type=int, default=None, metavar="K",
+                      help="run only the K-th run (0-based; a job array task) and write no table")
+    mode.add_argument("--gather", action="store_true", help="only summarize the runs already in --out")
     args = p.parse_args(argv)
     try:
         exp = load_experiment(args.experiment)
@@ -178,44 +226,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or Path("bench") / exp["name"].replace(" ", "-")
     for scheme, s, seed, reason in runs:
-        if reason:
+        if reason and not args.count:
             print(f"skipping {scheme} s={s} seed={seed}: {reason}", file=sys.stderr)
     todo = [(scheme, s, seed) for scheme, s, seed, reason in runs if reason is None]
-    if args.dry_run:
-        for scheme, s, seed in todo:
-            print(f"{scheme} s={s} seed={seed}")
+    if args.count:
+        print(len(todo))
         return 0
-    finished: dict[tuple[str, int, int], Path] = {}
+    if args.dry_run:
+        for k, (scheme, s, seed) in enumerate(todo):
+            print(f"{k}: {scheme} s={s} seed={seed}")
+        return 0
+    if args.gather:
+        return gather(exp, out, todo)
+    if args.run_index is not None and not 0 <= args.run_index < len(todo):
+        print(f"pgc-bench: error: --run-index {args.run_index} is outside 0..{len(todo) - 1}", file=sys.stderr)
+        return 2
+    chosen = [todo[args.run_index]] if args.run_index is not None else todo
     failed = 0
-    for k, (scheme, s, seed) in enumerate(todo, start=1):
-        run_dir = out / f"{scheme}-s{s}-seed{seed}"
-        print(f"[{k}/{len(todo)}] {scheme} s={s} seed={seed} ...", end=" ", flush=True)
+    for k, (scheme, s, seed) in enumerate(chosen, start=1):
+        run_dir = run_dir_of(out, scheme, s, seed)
+        print(f"[{k}/{len(chosen)}] {scheme} s={s} seed={seed} ...", end=" ", flush=True)
         rc, took = run_one(exp, scheme, s, seed, run_dir)
-        if rc == 0:
-            finished[(scheme, s, seed)] = run_dir
-            print(f"done in {took:.0f} s", flush=True)
-        else:
-            failed += 1
-            print(f"FAILED (exit {rc}; see {run_dir / 'log.txt'})", flush=True)
-    dgd = {seed: summarize_run(d, None).median_step_time for (scheme, _, seed), d in finished.items()
-           if scheme == "dgd"}
-    rows = [summarize_run(d, exp["target_loss"], dgd.get(seed)) for (_, _, seed), d in finished.items()]
-    if rows:
-        with (out / "results.csv").open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0].as_row()))
-            writer.writeheader()
-            writer.writerows(r.as_row() for r in rows)
-        table = markdown_table(aggregate(rows))
-        target = exp["target_loss"]
-        (out / "results.md").write_text(
-            f"# {exp['name']}\n\n{exp['workers']} workers; target loss {target if target is not None else '-'}; "
-            f"median over seeds {exp['seeds']}; options {exp['train']}\n\n{table}\n")
-        print(table)
-        from .plot import draw
-
-        for f in draw(list(finished.values()), out):
-            print(f)
-    return 1 if failed else 0
+        failed += rc != 0
+        print(f"done in {took:.0f} s" if rc == 0 else f"FAILED (exit {rc}; see {run_dir / 'log.txt'})", flush=True)
+    if args.run_index is not None:
+        return 1 if failed else 0
+    return 1 if gather(exp, out, todo) or failed else 0
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ else:  # pragma: no cover
 from .collector import DEADLINE_POLICIES
 from .datasets import BUILTIN
 from .errors import ConfigError
+from .faults import parse_faults
 from .models import DTYPES, MODELS
 from .optim import OPTIMIZERS
 from .schemes import SCHEME_NAMES, make_scheme
@@ -47,6 +48,7 @@ class TrainConfig:
     on_deadline: str = "wait"
     max_staleness: int | None = None
     delay: str = "none"
+    fault: str | None = None
     eval_every: int = 20
     target_loss: float | None = None
     out: str | None = None
@@ -55,6 +57,9 @@ class TrainConfig:
     poll_interval: float = 0.002
     threads: int = 1
     eval_train: bool = True
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = 3
+    resume: str | None = None
     record_params: bool = False
 
     def validate(self, workers: int) -> None:
@@ -78,6 +83,11 @@ class TrainConfig:
             raise ConfigError(f"--target-loss must be a finite number, got {self.target_loss}")
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum}")
+        if self.checkpoint_every is not None:
+            _positive_int("checkpoint-every", self.checkpoint_every)
+        _positive_int("keep-checkpoints", self.keep_checkpoints)
+        if self.resume == "latest" and self.out is None:
+            raise ConfigError("--resume latest needs --out DIR (the run directory whose checkpoints to use)")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ConfigError(f"--max-staleness must be >= 0, got {self.max_staleness}")
         if workers < 1:
@@ -90,6 +100,7 @@ class TrainConfig:
         except ValueError as exc:
             raise ConfigError(f"{exc} (with {workers} workers = MPI world size {workers + 1} - 1)") from None
         DelayModel(self.delay, workers, seed=self.seed)
+        parse_faults(self.fault, workers)
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain JSON-able values."""
@@ -127,6 +138,7 @@ _HELP = {
     "on_deadline": "on a missed deadline: wait (keep waiting), partial (decode what arrived), fail",
     "max_staleness": "reject messages whose oldest buffer is older than this many steps",
     "delay": "straggler injection: none, exp:MEAN, fixed:W1,W2:SEC, random:K:SEC, hang:W@STEP (join with +)",
+    "fault": "fault injection for testing: nan:W@STEP, inf:W@STEP, badsize:W@STEP, die:W@STEP (join with +)",
     "eval_every": "evaluate on the full train and test sets every this many steps",
     "target_loss": "stop once the full training loss is at most this",
     "out": "output directory for config.json and metrics.jsonl (default runs/<scheme>-<time>)",
@@ -136,6 +148,10 @@ _HELP = {
     "threads": "torch threads per rank",
     "eval_train": "evaluate on the full training split too (--no-eval-train: test split only; "
                   "--target-loss then uses the recent minibatch losses)",
+    "checkpoint_every": "write a checkpoint (OUT/checkpoints) every this many steps, at the end and when stopped "
+                        "by a signal",
+    "keep_checkpoints": "how many checkpoints to keep",
+    "resume": "continue from a checkpoint: a file, or 'latest' in --out's checkpoints",
     "record_params": "also write params.npy with the parameters after every step (small models only)",
 }
 

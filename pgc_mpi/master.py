@@ -6,10 +6,12 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+import torch
 
-from . import signals
+from . import checkpoint, signals
 from .collector import DeadlineMissed, Decoded, StepCollector
 from .config import TrainConfig
 from .errors import NotDecodable
@@ -26,6 +28,12 @@ log = logging.getLogger("pgc_mpi")
 WAIT_REMINDER = 30.0
 
 
+def run_identity(cfg: TrainConfig, scheme: CodedScheme | PbsScheme, dim: int) -> dict:
+    """What a checkpoint must match to be resumed by this run."""
+    return {"scheme": cfg.scheme, "n": scheme.n, "s": scheme.s, "c": scheme.c, "dim": dim, "dtype": cfg.dtype,
+            "model": cfg.model, "dataset": cfg.dataset, "seed": cfg.seed}
+
+
 @dataclass
 class RunTotals:
     """Counters for the final summary."""
@@ -38,24 +46,38 @@ class RunTotals:
     last_eval: dict = field(default_factory=dict)
     stopped_early: bool = False
     stopped_by: str | None = None  # the signal that stopped the run
+    rejected_messages: int = 0  # malformed or non-finite: never let into the model
 
 
 class Master:
     """The parameter server loop for one run, coded schemes and pbs alike."""
 
     def __init__(self, cfg: TrainConfig, scheme: CodedScheme | PbsScheme, problem: Problem,
-                 link: MasterTransport, metrics: MetricsWriter, progress: Progress):
+                 link: MasterTransport, metrics: MetricsWriter, progress: Progress, out: Path,
+                 resume: checkpoint.Checkpoint | None = None):
         self.cfg, self.scheme, self.problem, self.link = cfg, scheme, problem, link
         self.metrics, self.progress = metrics, progress
         self.n = scheme.n
         self.w = problem.initial_params().astype(link.grad_layout.dtype)
         self.opt = FlatOptimizer(self.w, cfg.optimizer, cfg.lr, momentum=cfg.momentum)
         self._scratch = np.empty_like(self.w)
-        self.totals = RunTotals()
-        self.trajectory: list[np.ndarray] = [self.w.copy()] if cfg.record_params else []
+        self.totals = RunTotals()  # (before a resume sets its step count)
         self._recent_losses: list[float] = []
         self._started = time.monotonic()
         self._eval_seconds = 0.0  # evaluations pause training: wall_time leaves them out
+        self.out = out
+        self.table = scheme.new_table(problem.dim, link.grad_layout.dtype) if isinstance(scheme, PbsScheme) else None
+        self.start = 0
+        if resume is not None:
+            np.copyto(self.w, resume.params)
+            self.opt.opt.load_state_dict(resume.optimizer)
+            torch.set_rng_state(resume.rng)
+            if self.table is not None:
+                self.table.grads[...] = resume.table_grads
+                self.table.versions[...] = resume.table_versions
+            self.start = self.totals.steps = resume.step
+            log.info("resumed from %s at step %d", resume.path, resume.step)
+        self.trajectory: list[np.ndarray] = [self.w.copy()] if cfg.record_params else []
 
     def run(self) -> RunTotals:
         """Train for cfg.steps steps (or to the target loss)."""
@@ -65,7 +87,19 @@ class Master:
             self._run_table()
         else:
             self._run_coded()
+        if self.cfg.checkpoint_every is not None or self.totals.stopped_by:
+            self.checkpoint()
         return self.totals
+
+    def checkpoint(self) -> Path:
+        """Write a checkpoint of the state after the steps done so far."""
+        path = checkpoint.save(
+            self.out / "checkpoints", self.totals.steps, self.w, self.opt.opt, run_identity(self.cfg, self.scheme,
+                                                                                            self.problem.dim),
+            self.cfg.to_dict(), encoding=None if self.table is not None else self.scheme.encoding_matrix(),
+            table=self.table, keep=self.cfg.keep_checkpoints)
+        log.info("checkpoint %s", path)
+        return path
 
     # -- coded schemes -------------------------------------------------------------------------
 
@@ -74,7 +108,7 @@ class Master:
         streams = self.scheme.streams
         busy = [False] * self.n  # a model is out with the worker and its answer is not back
         g = self.opt.grad
-        for t in range(self.cfg.steps):
+        for t in range(self.start, self.cfg.steps):
             began = time.monotonic()
             collector.begin(t)
             self.link.publish(t, self.w)
@@ -94,10 +128,21 @@ class Master:
             while dec is None:
                 if self._signalled(t):
                     return
-                for i in self.link.poll(min(deadline_at if not missed else math.inf, reminder, time.monotonic() + 1)):
+                arrived = self.link.poll(min(deadline_at if not missed else math.inf, reminder, time.monotonic() + 1))
+                for i in self._rejected(t, messages):
+                    busy[i] = False
+                for i in arrived:
                     header = self.link.headers[i]
                     busy[i] = False
+                    if not self._sound(t, i, messages):
+                        self.link.post(i)
+                        continue
                     verdict = collector.offer(i, int(header[0]), header[HEADER_FIELDS:].astype(int).tolist())
+                    if verdict in ("future", "unknown", "duplicate"):
+                        self._reject(t, i, f"a {verdict} message (header says worker {int(header[1])}, "
+                                           f"step {int(header[0])})", messages)
+                        self.link.post(i)
+                        continue
                     messages.append([i, int(header[0]), float(header[5]), float(header[4]), int(header[6]), verdict])
                     if verdict == "accepted":
                         losses[i] = float(header[3])
@@ -175,9 +220,9 @@ class Master:
     # -- pbs -----------------------------------------------------------------------------------
 
     def _run_table(self) -> None:
-        table = self.scheme.new_table(self.problem.dim, self.link.grad_layout.dtype)
+        table = self.table
         sent = [-1] * self.n  # newest model version sent to each worker
-        t = 0
+        t = self.start
         while t < self.cfg.steps:
             began = time.monotonic()
             self.link.publish(t, self.w)
@@ -193,8 +238,13 @@ class Master:
                     if sent[i] < t and not self.link.model_in_flight(i):
                         self.link.send_model(i)
                         sent[i] = t
-                for i in self.link.poll(min(time.monotonic() + 0.05, deadline_at if not missed else math.inf)):
+                arrived = self.link.poll(min(time.monotonic() + 0.05, deadline_at if not missed else math.inf))
+                self._rejected(t, messages)
+                for i in arrived:
                     header = self.link.headers[i]
+                    if not self._sound(t, i, messages) or not 0 <= int(header[2]) < self.n:
+                        self.link.post(i)
+                        continue
                     fresh = table.offer(int(header[2]), int(header[0]), self.link.payloads[i])
                     messages.append([i, int(header[0]), float(header[5]), float(header[4]), 1,
                                      "used" if fresh else "stale"])
@@ -228,6 +278,30 @@ class Master:
 
     # -- shared --------------------------------------------------------------------------------
 
+    def _reject(self, t: int, worker: int, why: str, messages: list[list]) -> None:
+        """Count and log a message that must not enter the model; its worker counts as a straggler."""
+        self.totals.rejected_messages += 1
+        messages.append([worker, -1, math.nan, math.nan, 0, "rejected"])
+        log.warning("step %d: rejected a message from worker %d (rank %d): %s", t, worker, worker + 1, why)
+
+    def _rejected(self, t: int, messages: list[list]) -> list[int]:
+        """Workers whose last message the transport refused (wrong size), now counted and logged."""
+        bad, self.link.malformed[:] = list(self.link.malformed), []
+        for worker, why in bad:
+            self._reject(t, worker, why, messages)
+        return [worker for worker, _ in bad]
+
+    def _sound(self, t: int, worker: int, messages: list[list]) -> bool:
+        """Whether a received message is well-formed and finite (a NaN or Inf never enters the model)."""
+        header = self.link.headers[worker]
+        if int(header[1]) != worker:
+            self._reject(t, worker, f"its header names worker {int(header[1])}", messages)
+            return False
+        if not np.isfinite(self.link.payloads[worker].sum()):
+            self._reject(t, worker, "the gradient contains NaN or Inf", messages)
+            return False
+        return True
+
     def _signalled(self, t: int) -> bool:
         """Whether a stop signal arrived; the step in progress is then abandoned."""
         name = signals.requested()
@@ -241,6 +315,8 @@ class Master:
         """Log the step and evaluate when due; returns True when the target loss is reached."""
         step_time = time.monotonic() - began
         self.totals.steps = t + 1
+        if self.cfg.checkpoint_every and (t + 1) % self.cfg.checkpoint_every == 0 and t + 1 < self.cfg.steps:
+            self.checkpoint()
         self.totals.skipped += self.n - len(record["used"])
         self.totals.deadline_missed += int(record["deadline_missed"])
         self.metrics.write({"step": t, "wall_time": time.monotonic() - self._started - self._eval_seconds,

@@ -29,10 +29,24 @@ def _plain(value: Any) -> Any:
 class MetricsWriter:
     """metrics.jsonl: one JSON object per line, flushed as written so a killed job keeps it."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Path, keep_steps_before: int | None = None):
+        """A new metrics.jsonl, or, when resuming at step `keep_steps_before`, the existing one with
+        only the records of earlier steps kept (no duplicated or missing steps after a resume)."""
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
+        kept: list[str] = []
+        if keep_steps_before is not None and self.path.exists():
+            with self.path.open() as fh:
+                for line in fh:
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        break  # a line cut short by a crash: everything after it is lost anyway
+                    if rec.get("event") in (None, "eval") and rec.get("step", keep_steps_before) < keep_steps_before:
+                        kept.append(line if line.endswith("\n") else line + "\n")
         self._fh: TextIO = self.path.open("w", buffering=1)
+        self._fh.writelines(kept)
+        self._fh.flush()
 
     def write(self, record: dict[str, Any]) -> None:
         self._fh.write(json.dumps(_plain(record)) + "\n")

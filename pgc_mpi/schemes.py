@@ -140,14 +140,24 @@ class CodedScheme(Scheme):
         self._check_worker(worker)
         return self._B[worker, self.placement[worker]].copy()
 
-    def warmup_slots(self, worker: int) -> tuple[int, ...]:
-        """Slots the worker computes at the initial model before step 0 (pipelined only)."""
+    def warmup_slots(self, worker: int, step: int = 0) -> tuple[int, ...]:
+        """Slots a pipelined worker computes at its first model, of step `step` (0, or the step a
+        resumed run starts at), before that step's own fresh slot; none for other schemes."""
         self._check_worker(worker)
-        return tuple(range(1, self.c)) if self.pipelined else ()
+        fresh = self.fresh_slots(step, worker)
+        return tuple(k for k in range(self.c) if k not in fresh) if self.pipelined else ()
+
+    def warmup_versions(self, step: int = 0) -> list[int]:
+        """Version stamps of the buffers after a warm-up at the model of `step`: each slot gets the
+        last step before `step` at which the rotation made it fresh, as if the pipeline had been
+        running all along (k - c at step 0; the slot fresh at `step` gets step - c, overwritten
+        at once). They fix the minibatch draws and the staleness
+        bookkeeping; the gradients themselves are computed at the warm-up model."""
+        return [step - ((step - k) % self.c or self.c) for k in range(self.c)]
 
     def initial_versions(self) -> list[int]:
-        """Version stamps of the buffers after the warm-up (see the class docstring)."""
-        return [k - self.c for k in range(self.c)]
+        """Version stamps of the buffers after the warm-up before step 0 (see the class docstring)."""
+        return self.warmup_versions(0)
 
     def draw_index(self, version: int, slot: int) -> int:
         """Which minibatch of the slot's partition a buffer of this version uses.

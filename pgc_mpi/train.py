@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import platform
@@ -14,6 +15,7 @@ import numpy as np
 from . import signals
 from .config import TrainConfig, config_from_args
 from .errors import ConfigError, PgcError
+from .faults import parse_faults
 from .metrics import MetricsWriter, Progress, setup_logging, write_json
 from .schemes import make_scheme
 from .stragglers import DelayModel
@@ -37,12 +39,36 @@ def _problem(cfg: TrainConfig, n: int, partitions: list[int]):
                         partitions=partitions, eval_train=cfg.eval_train)
 
 
+def out_dir(cfg: TrainConfig) -> Path:
+    """The run directory: --out, the run a --resume checkpoint belongs to, or a new one."""
+    if cfg.out:
+        return Path(cfg.out)
+    if cfg.resume and cfg.resume != "latest":
+        return Path(cfg.resume).resolve().parent.parent  # OUT/checkpoints/ckpt-N.h5
+    return Path("runs") / f"{cfg.scheme}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def _resolve(argv: list[str], workers: int) -> tuple[str, object, object]:
-    """On rank 0: the validated configuration and the master's problem, or how to exit."""
+    """On rank 0: the validated configuration, the master's problem and the checkpoint to resume
+    from, or how to exit."""
     try:
         cfg = config_from_args(argv)
         cfg.validate(workers)
-        return "ok", cfg.to_dict(), _problem(cfg, workers, partitions=[])
+        cfg = dataclasses.replace(cfg, out=str(out_dir(cfg)))
+        problem = _problem(cfg, workers, partitions=[])
+        resume = None
+        if cfg.resume:
+            from . import checkpoint
+            from .master import run_identity
+
+            scheme = make_scheme(cfg.scheme, workers, cfg.stragglers, seed=cfg.seed, c=cfg.c)
+            path = checkpoint.resolve(cfg.resume, Path(cfg.out) / "checkpoints")
+            encoding = scheme.encoding_matrix() if scheme.kind == "coded" else None
+            resume = checkpoint.load(path, run_identity(cfg, scheme, problem.dim), encoding)
+            if resume.step >= cfg.steps:
+                raise ConfigError(f"--resume {path}: the checkpoint is at step {resume.step}, not before --steps "
+                                  f"{cfg.steps}: raise --steps to train further")
+        return "ok", cfg.to_dict(), (problem, resume)
     except SystemExit as exc:  # --help, or a flag argparse rejected (it printed the message)
         return "exit", exc.code if isinstance(exc.code, int) else 2, None
     except PgcError as exc:
@@ -68,13 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     comm = duplicate_world()
     rank, size = comm.Get_rank(), comm.Get_size()
     log = setup_logging(rank)
-    kind, value, problem = _resolve(argv, size - 1) if rank == 0 else (None, None, None)
+    kind, value, state = _resolve(argv, size - 1) if rank == 0 else (None, None, None)
     kind, value = comm.bcast((kind, value), root=0)
     if kind == "exit":
         return int(value)
     cfg = TrainConfig(**value)
     try:
-        return _train(cfg, problem, comm, log)
+        return _train(cfg, state, comm, log)
     except PgcError as exc:
         log.error("%s", exc)
         abort(1)
@@ -84,35 +110,35 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
-def _train(cfg: TrainConfig, problem, comm, log) -> int:
+def _train(cfg: TrainConfig, state, comm, log) -> int:
     rank, n = comm.Get_rank(), comm.Get_size() - 1
     scheme = make_scheme(cfg.scheme, n, cfg.stragglers, seed=cfg.seed, c=cfg.c)
     if scheme.kind == "coded":  # every rank must hold the same encoding matrix
         digest = hashlib.sha256(scheme.encoding_matrix().tobytes()).hexdigest()
         if len(set(comm.allgather(digest))) != 1:
             raise PgcError("ranks built different encoding matrices (different numpy versions?)")
-    if rank > 0:
-        problem = _problem(cfg, n, partitions=scheme.placement[rank - 1])
+    problem, resume = state if rank == 0 else (_problem(cfg, n, partitions=scheme.placement[rank - 1]), None)
     layout = Layout(header_length(scheme), problem.dim, np.dtype(cfg.dtype))
     delays = DelayModel(cfg.delay, n, seed=cfg.seed)
     if rank > 0:
-        run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval), delays)
+        run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval), delays,
+                   parse_faults(cfg.fault, n))
         return 0
-    return _run_master(cfg, comm, log, scheme, problem, layout)
+    return _run_master(cfg, comm, log, scheme, problem, layout, resume)
 
 
-def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout) -> int:
+def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, resume) -> int:
     from .master import Master
 
-    out = Path(cfg.out) if cfg.out else Path("runs") / f"{cfg.scheme}-{time.strftime('%Y%m%d-%H%M%S')}"
-    metrics = MetricsWriter(out)
+    out = Path(cfg.out)
+    metrics = MetricsWriter(out, keep_steps_before=resume.step if resume else None)
     write_json(out / "config.json", {"config": cfg.to_dict(), "world_size": comm.Get_size(), "workers": scheme.n,
                                      "c": scheme.c, "parameters": problem.dim, "versions": _versions()})
     log.info("%s with n=%d workers, s=%d, c=%d; %s/%s (%d parameters, %s); output in %s",
              cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.dataset, cfg.model, problem.dim, cfg.dtype, out)
     link = MasterTransport(comm, scheme.n, layout, cfg.poll_interval)
     progress = Progress(cfg.steps, cfg.eval_every, log)
-    master = Master(cfg, scheme, problem, link, metrics, progress)
+    master = Master(cfg, scheme, problem, link, metrics, progress, out, resume)
     began = time.monotonic()
     totals = master.run()
     wall = time.monotonic() - began
@@ -122,7 +148,8 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout) ->
     summary = {"event": "summary", "status": status, "steps": totals.steps, "wall_time": wall,
                "median_step_time": float(np.median(step_times)) if step_times else None,
                "stragglers_skipped": totals.skipped, "late_messages": totals.late,
-               "rejected_stale": totals.rejected, "deadline_missed": totals.deadline_missed,
+               "rejected_stale": totals.rejected, "rejected_messages": totals.rejected_messages,
+               "deadline_missed": totals.deadline_missed,
                "stopped_at_target": totals.stopped_early, **{f"final_{k}": v for k, v in totals.last_eval.items()}}
     metrics.write(summary)
     if cfg.record_params:

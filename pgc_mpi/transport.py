@@ -79,6 +79,8 @@ class MasterTransport:
         self.headers = [h for h, _ in views]
         self.payloads = [p for _, p in views]
         self._reqs: list[MPI.Request] = [MPI.REQUEST_NULL] * n
+        self._statuses = [MPI.Status() for _ in range(n)]
+        self.malformed: list[tuple[int, str]] = []  # (worker, reason), for the master to count and log
         self._model_reqs: list[MPI.Request] = [MPI.REQUEST_NULL] * n
         self._snapshots: list[_Snapshot] = []
         self._current: _Snapshot | None = None
@@ -89,12 +91,38 @@ class MasterTransport:
         self._reqs[worker] = self.comm.Irecv([self.recv[worker], MPI.BYTE], source=worker + 1, tag=TAG_GRAD)
 
     def poll(self, until: float) -> list[int]:
-        """Workers whose gradient has arrived, waiting at most until time.monotonic() == until."""
+        """Workers whose gradient has arrived, waiting at most until time.monotonic() == until.
+
+        A message of the wrong size never reaches the master's buffers' users: a larger one is
+        truncated by MPI (an error in its status), a smaller one is caught by its byte count.
+        Either is recorded in `malformed` as (worker, reason), its receive is posted again, and
+        it is not returned.
+        """
         while True:
-            done = MPI.Request.Testsome(self._reqs)
-            if done:
-                self.bytes_received += len(done) * self.grad_layout.nbytes
-                return list(done)
+            active = [r != MPI.REQUEST_NULL for r in self._reqs]
+            for st in self._statuses:
+                st.Set_source(-1)
+                st.Set_error(MPI.SUCCESS)
+            try:
+                done = MPI.Request.Testsome(self._reqs, self._statuses) or []
+            except MPI.Exception:  # a message in error (truncated): the completed ones are now null
+                done = [i for i, r in enumerate(self._reqs) if active[i] and r == MPI.REQUEST_NULL]
+            by_source = {st.Get_source(): st for st in self._statuses if st.Get_source() >= 1}
+            good = []
+            for i in done:
+                st = by_source.get(i + 1)
+                if st is not None and st.Get_error() != MPI.SUCCESS:
+                    self.malformed.append((i, "message larger than expected (truncated)"))
+                    self.post(i)
+                elif st is not None and st.Get_count(MPI.BYTE) != self.grad_layout.nbytes:
+                    self.malformed.append((i, f"message of {st.Get_count(MPI.BYTE)} bytes, expected "
+                                              f"{self.grad_layout.nbytes}"))
+                    self.post(i)
+                else:
+                    good.append(i)
+            if good:
+                self.bytes_received += len(good) * self.grad_layout.nbytes
+                return good
             if time.monotonic() >= until:
                 return []
             time.sleep(self.poll_interval)
@@ -167,6 +195,7 @@ class WorkerTransport:
         self._model_buf = self.model_layout.allocate()[0]
         self.model_header, self.model = self.model_layout.split(self._model_buf)
         self._send_buf = grad_layout.allocate()[0]
+        self.nbytes = grad_layout.nbytes
         self.header, self.payload = grad_layout.split(self._send_buf)
         self._status = MPI.Status()
         self.stopped = False
@@ -201,9 +230,11 @@ class WorkerTransport:
         """Whether a stop message is waiting (used to cut injected delays short)."""
         return bool(self.comm.Iprobe(source=0, tag=TAG_STOP))
 
-    def send(self) -> None:
-        """Send the gradient message in `header`/`payload`, politely waiting for completion."""
-        req = self.comm.Isend([self._send_buf, MPI.BYTE], dest=0, tag=TAG_GRAD)
+    def send(self, nbytes: int | None = None) -> None:
+        """Send the gradient message in `header`/`payload`, politely waiting for completion.
+        (`nbytes` other than the message size is for fault injection only.)"""
+        buf = self._send_buf if nbytes is None else np.zeros(nbytes, dtype=np.uint8)
+        req = self.comm.Isend([buf, MPI.BYTE], dest=0, tag=TAG_GRAD)
         while not req.Test():
             time.sleep(self.poll_interval)
 

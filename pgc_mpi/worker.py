@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 
 import numpy as np
 
+from .faults import Fault, active
 from .problems import Problem
 from .schemes import CodedScheme, PbsScheme
 from .stragglers import DelayModel
@@ -38,19 +40,31 @@ def _injected_delay(seconds: float, link: WorkerTransport) -> float:
     return seconds
 
 
+def _send(link: WorkerTransport, faults: list[Fault], worker: int, step: int) -> None:
+    """Send the message in the link's buffers, spoiled first if a fault is injected here."""
+    kind = active(faults, worker, step)
+    if kind == "die":
+        log.warning("injected fault: this worker dies now")
+        os._exit(17)
+    if kind in ("nan", "inf"):
+        link.payload[0] = np.nan if kind == "nan" else np.inf
+    link.send(nbytes=link.nbytes // 2 if kind == "badsize" else None)
+
+
 def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, link: WorkerTransport,
-               delays: DelayModel) -> int:
+               delays: DelayModel, faults: list[Fault] | None = None) -> int:
     """Serve the master until it says stop; returns how many gradients were computed."""
+    faults = faults or []
     if isinstance(scheme, PbsScheme):
-        return _run_table_worker(worker, scheme, problem, link, delays)
+        return _run_table_worker(worker, scheme, problem, link, delays, faults)
     parts = scheme.placement[worker]
     coef = scheme.coefficients(worker).astype(link.payload.dtype)
     buffers = np.zeros((scheme.c, problem.dim), dtype=link.payload.dtype)
-    versions = scheme.initial_versions()
     step = link.next_model()
     computed = 0
-    if step is not None:
-        for k in scheme.warmup_slots(worker):  # the pipeline's stale buffers, at the first model
+    if step is not None:  # the first model: step 0, or the step a resumed run starts at
+        versions = scheme.warmup_versions(step)
+        for k in scheme.warmup_slots(worker, step):  # the pipeline's stale buffers, at this model
             buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(versions[k], k))[1]
             computed += 1
     while step is not None:
@@ -66,14 +80,14 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
         slept = _injected_delay(delays.delay(worker, step), link)
         link.header[:HEADER_FIELDS] = (step, worker, -1, float(np.mean(losses)), took, slept, len(losses))
         link.header[HEADER_FIELDS:] = versions
-        link.send()
+        _send(link, faults, worker, step)
         step = link.next_model()
     link.confirm_stop()
     return computed
 
 
 def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: WorkerTransport,
-                      delays: DelayModel) -> int:
+                      delays: DelayModel, faults: list[Fault]) -> int:
     """pbs: compute the next stored partition at the newest model, again and again."""
     version = link.next_model()
     count = 0
@@ -86,7 +100,7 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
         took = time.perf_counter() - began
         slept = _injected_delay(delays.delay(worker, version, attempts), link)
         link.header[:] = (version, worker, part, loss, took, slept, 1, version)
-        link.send()
+        _send(link, faults, worker, version)
         count += 1
         newer = link.next_model(block=False)
         if link.stopped:

@@ -28,6 +28,18 @@ def run_train(ranks: int, args: list[str], timeout: int = 120, cwd: Path | None 
     return subprocess.run(cmd, env=mpi_env(timeout), capture_output=True, text=True, timeout=timeout + 30, cwd=cwd)
 
 
+def require_fashion_mnist() -> None:
+    """Skip without Debian's dataset-fashion-mnist, except in CI, where it must be installed."""
+    import pytest
+
+    from data_prep.__main__ import FASHION_DIR
+
+    if not FASHION_DIR.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{FASHION_DIR} missing: CI must install dataset-fashion-mnist")
+        pytest.skip("dataset-fashion-mnist is not installed (apt-get install dataset-fashion-mnist)")
+
+
 def steps_of(out: Path) -> list[dict]:
     """The per-step records of a run's metrics.jsonl."""
     return [r for r in read_metrics(out / "metrics.jsonl") if "event" not in r]

@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from data_prep.__main__ import FASHION_DIR
 from data_prep.__main__ import main as prep
 from pgc_mpi.datasets import H5Source, digits_arrays, load_digits, open_dataset
 from pgc_mpi.errors import ConfigError
 from pgc_mpi.h5format import DataFormatError, verify_checksum
 from pgc_mpi.models import MODELS, TorchProblem, build_model
+
+from helpers import require_fashion_mnist
 
 
 def write_idx(path: Path, array: np.ndarray, compress: bool = True) -> None:
@@ -128,10 +129,7 @@ def test_synthetic_sets(tmp_path, kind, task, dtype):
 
 
 def test_fashion_mnist_from_the_debian_package(tmp_path):
-    if not FASHION_DIR.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{FASHION_DIR} missing: CI must install dataset-fashion-mnist")
-        pytest.skip("dataset-fashion-mnist is not installed (apt-get install dataset-fashion-mnist)")
+    require_fashion_mnist()
     out = tmp_path / "fm.h5"
     assert prep(["fashion-mnist", "--out", str(out)]) == 0
     src = H5Source(out)

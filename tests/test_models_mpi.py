@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from data_prep.__main__ import FASHION_DIR
 from data_prep.__main__ import main as prep
 
-from helpers import events_of, run_train
+from helpers import events_of, require_fashion_mnist, run_train
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +32,7 @@ def test_each_model_trains_with_a_coded_scheme(tmp_path, digits_h5, model, steps
 
 
 def test_fashion_mnist_logistic_regression_learns(tmp_path):
-    if not FASHION_DIR.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{FASHION_DIR} missing: CI must install dataset-fashion-mnist")
-        pytest.skip("dataset-fashion-mnist is not installed (apt-get install dataset-fashion-mnist)")
+    require_fashion_mnist()
     data = tmp_path / "fashion-mnist.h5"
     assert prep(["fashion-mnist", "--out", str(data)]) == 0
     out = tmp_path / "run"

@@ -138,6 +138,16 @@ def test_toml_config_and_flag_precedence(tmp_path):
     (5, ["--optimizer", "lbfgs"], "--optimizer 'lbfgs' is not one of"),
     (5, ["--bogus"], "unrecognized arguments: --bogus"),
     (5, ["--config", "/nonexistent.toml"], "no such file"),
+    (5, ["--deadline", "-1"], "--deadline must be a number > 0"),
+    (5, ["--scheme", "is-gc-fr", "--c", "3"], "needs n divisible by c = 3"),
+    (5, ["--c", "2"], "c applies only to is-gc-fr and is-gc-cr"),
+    (5, ["--batch-size", "0"], "--batch-size must be a positive integer"),
+    (5, ["--dataset", "/nonexistent.h5"], "no such data file"),
+    (5, ["--checkpoint-every", "0"], "--checkpoint-every must be a positive integer"),
+    (5, ["--resume", "latest"], "--resume latest needs --out"),
+    (5, ["--resume", "/nonexistent.h5"], "no such checkpoint file"),
+    (5, ["--fault", "boom:1@2"], "--fault 'boom:1@2'"),
+    (5, ["--on-deadline", "panic"], "--on-deadline 'panic' is not one of"),
 ])
 def test_bad_input_gives_one_clear_error(ranks, args, message):
     began = time.monotonic()
@@ -147,6 +157,25 @@ def test_bad_input_gives_one_clear_error(ranks, args, message):
     assert proc.stderr.count("error") == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert time.monotonic() - began < 60
+
+
+def test_bad_data_files_and_models(tmp_path):
+    from data_prep.__main__ import main as prep
+
+    tiny = tmp_path / "tiny.h5"
+    assert prep(["synthetic", "--samples", "4", "--features", "3", "--out", str(tiny)]) == 0
+    proc = run_train(5, ["--dataset", str(tiny)], timeout=60)
+    assert proc.returncode != 0 and "3 training samples, fewer than the 4 partitions" in proc.stderr
+    flat = tmp_path / "flat.h5"
+    assert prep(["synthetic", "--samples", "100", "--features", "3", "--out", str(flat)]) == 0
+    proc = run_train(5, ["--dataset", str(flat), "--model", "cnn"], timeout=60)
+    assert proc.returncode != 0 and "needs image samples" in proc.stderr
+    broken = tmp_path / "broken.h5"
+    broken.write_bytes(flat.read_bytes()[:2000])
+    proc = run_train(5, ["--dataset", str(broken)], timeout=60)
+    assert proc.returncode != 0 and "not a readable HDF5 file" in proc.stderr
+    for p in (proc,):
+        assert "Traceback" not in p.stderr and p.stderr.count("error") == 1
 
 
 def test_bad_toml_key_and_type(tmp_path):

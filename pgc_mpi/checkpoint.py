@@ -1,0 +1,141 @@
+"""Checkpoints: the master's training state in one HDF5 file, written atomically.
+
+A checkpoint `ckpt-00001200.h5` holds everything the master needs to go on from step 1200:
+  params                    the flat parameters after 1199 steps (float32 or float64)
+  optimizer/<key>           the torch optimizer's per-parameter state (momentum, Adam moments...)
+  encoding_matrix           the scheme's B (coded schemes), checked on resume
+  table/grads, versions     pbs's partition table
+  attributes                format, step, scheme, n, s, c, dim, dtype, model, dataset, the
+                            configuration (JSON), the optimizer's param groups (JSON), the master's
+                            torch RNG state, the straggler model's spec and seed.
+Everything random in a run is a pure function of (seed, step, worker, ...) - minibatches, delays,
+gc-cr's B - so the seed and the step are the whole RNG state; the torch RNG is stored as well.
+Workers' stale buffers are not stored: after a resume every pipelined worker rebuilds them by a
+warm-up at the resumed model (see CodedScheme.warmup_versions).
+
+Written to a temporary name, flushed, fsynced and renamed, so a crash mid-write never leaves a
+file under a checkpoint's name; the last `keep` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import PgcError
+
+FORMAT = 1
+_NAME = re.compile(r"ckpt-(\d{8})\.h5$")
+
+
+class CheckpointError(PgcError):
+    """A checkpoint that is missing, corrupt, or from another run shape."""
+
+
+@dataclass
+class Checkpoint:
+    """What a checkpoint restores."""
+
+    path: Path
+    step: int
+    params: np.ndarray
+    optimizer: dict[str, Any]
+    table_grads: np.ndarray | None
+    table_versions: np.ndarray | None
+    rng: torch.Tensor
+
+
+def save(directory: Path, step: int, params: np.ndarray, optimizer: torch.optim.Optimizer, identity: dict[str, Any],
+         config: dict[str, Any], encoding: np.ndarray | None = None, table=None, keep: int = 3) -> Path:
+    """Write the checkpoint of the state before `step` and drop all but the newest `keep`."""
+    import h5py
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"ckpt-{step:08d}.h5"
+    tmp = directory / f".{path.name}.tmp-{os.getpid()}"
+    state = optimizer.state_dict()
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.create_dataset("params", data=params)
+            group = f.create_group("optimizer")
+            for key, value in state["state"].get(0, {}).items():
+                group.create_dataset(key, data=value.detach().cpu().numpy() if torch.is_tensor(value) else value)
+            if encoding is not None:
+                f.create_dataset("encoding_matrix", data=encoding)
+            if table is not None:
+                f.create_dataset("table/grads", data=table.grads)
+                f.create_dataset("table/versions", data=table.versions)
+            f.create_dataset("torch_rng", data=torch.get_rng_state().numpy())
+            f.attrs.update({"format": FORMAT, "step": step, **{k: v for k, v in identity.items()},
+                            "config": json.dumps(config), "param_groups": json.dumps(state["param_groups"])})
+            f.flush()
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    for old in list_checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """The checkpoints in a directory, oldest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if _NAME.search(p.name))
+
+
+def resolve(spec: str, directory: Path) -> Path:
+    """`latest` (the newest in `directory`) or a path."""
+    if spec == "latest":
+        found = list_checkpoints(directory)
+        if not found:
+            raise CheckpointError(f"--resume latest: no checkpoint in {directory}")
+        return found[-1]
+    path = Path(spec)
+    if not path.is_file():
+        raise CheckpointError(f"--resume {spec}: no such checkpoint file")
+    return path
+
+
+def load(path: Path, identity: dict[str, Any], encoding: np.ndarray | None = None) -> Checkpoint:
+    """Read a checkpoint and check that it belongs to a run of this shape (`identity`)."""
+    import h5py
+
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({exc})") from None
+    with f:
+        try:
+            if int(f.attrs["format"]) != FORMAT:
+                raise CheckpointError(f"{path}: checkpoint format {f.attrs['format']} is not {FORMAT}")
+            for key, want in identity.items():
+                got = f.attrs[key]
+                got = got.item() if hasattr(got, "item") else got
+                if got != want:
+                    raise CheckpointError(f"{path}: the checkpoint is for {key} = {got!r}, this run has {want!r}; "
+                                          f"resume with the same {key} or start a new run")
+            if encoding is not None and not np.array_equal(f["encoding_matrix"][...], encoding):
+                raise CheckpointError(f"{path}: its encoding matrix differs from this run's (other seed?)")
+            state = {key: torch.from_numpy(np.asarray(f["optimizer"][key][...])) for key in f["optimizer"]}
+            optimizer = {"state": {0: state} if state else {}, "param_groups": json.loads(f.attrs["param_groups"])}
+            table = "table" in f
+            return Checkpoint(
+                path=Path(path), step=int(f.attrs["step"]), params=f["params"][...], optimizer=optimizer,
+                table_grads=f["table/grads"][...] if table else None,
+                table_versions=f["table/versions"][...] if table else None,
+                rng=torch.from_numpy(f["torch_rng"][...]),
+            )
+        except KeyError as exc:
+            raise CheckpointError(f"{path}: incomplete checkpoint (missing {exc}); use an earlier one") from None

@@ -1,0 +1,95 @@
+"""Checkpoints in-process: round trip of the optimizer state, atomic files, pruning, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pgc_mpi import checkpoint
+from pgc_mpi.metrics import MetricsWriter, read_metrics
+from pgc_mpi.optim import FlatOptimizer
+from pgc_mpi.schemes import make_scheme
+
+IDENTITY = {"scheme": "pgc-cr", "n": 4, "s": 1, "c": 2, "dim": 5, "dtype": "float64", "model": "logreg",
+            "dataset": "digits"}
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
+def test_optimizer_state_round_trips_and_continues_identically(tmp_path, name):
+    w = np.linspace(0, 1, 5)
+    opt = FlatOptimizer(w, name, 0.1)
+    for k in range(3):
+        opt.grad[:] = np.sin(w + k)
+        opt.step()
+    path = checkpoint.save(tmp_path, 3, w, opt.opt, IDENTITY, {"lr": 0.1})
+    ck = checkpoint.load(path, IDENTITY)
+    w2 = ck.params.copy()
+    opt2 = FlatOptimizer(w2, name, 0.1)
+    opt2.opt.load_state_dict(ck.optimizer)
+    for k in range(3, 6):
+        for o, x in ((opt, w), (opt2, w2)):
+            o.grad[:] = np.sin(x + k)
+            o.step()
+    np.testing.assert_array_equal(w, w2)
+    assert ck.step == 3
+
+
+def test_only_the_newest_are_kept_and_no_temporary_files_remain(tmp_path):
+    w = np.zeros(5)
+    opt = FlatOptimizer(w)
+    for step in (2, 4, 6, 8):
+        checkpoint.save(tmp_path, step, w, opt.opt, IDENTITY, {}, keep=2)
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt-00000006.h5", "ckpt-00000008.h5"]
+    assert checkpoint.resolve("latest", tmp_path).name == "ckpt-00000008.h5"
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_pbs_table_and_encoding_are_stored(tmp_path):
+    sch = make_scheme("pbs", 4, 1)
+    table = sch.new_table(5)
+    table.offer(2, 7, np.ones(5))
+    w = np.zeros(5)
+    path = checkpoint.save(tmp_path, 9, w, FlatOptimizer(w).opt, IDENTITY, {}, table=table)
+    ck = checkpoint.load(path, IDENTITY)
+    assert ck.table_versions[2] == 7 and ck.table_grads[2].sum() == 5
+    B = make_scheme("gc-cr", 4, 1, seed=1).encoding_matrix()
+    path = checkpoint.save(tmp_path, 10, w, FlatOptimizer(w).opt, IDENTITY, {}, encoding=B)
+    checkpoint.load(path, IDENTITY, encoding=B)
+    with pytest.raises(checkpoint.CheckpointError, match="encoding matrix differs"):
+        checkpoint.load(path, IDENTITY, encoding=make_scheme("gc-cr", 4, 1, seed=2).encoding_matrix())
+
+
+def test_mismatch_and_corruption_are_clear_errors(tmp_path):
+    w = np.zeros(5)
+    path = checkpoint.save(tmp_path, 3, w, FlatOptimizer(w).opt, IDENTITY, {})
+    with pytest.raises(checkpoint.CheckpointError, match="for n = 4, this run has 8"):
+        checkpoint.load(path, {**IDENTITY, "n": 8})
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint in"):
+        checkpoint.resolve("latest", tmp_path / "empty")
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(checkpoint.CheckpointError, match="not a readable checkpoint"):
+        checkpoint.load(path, IDENTITY)
+
+
+def test_metrics_resume_keeps_only_earlier_steps(tmp_path):
+    m = MetricsWriter(tmp_path)
+    for step in range(6):
+        m.write({"step": step})
+        if step % 2:
+            m.write({"event": "eval", "step": step})
+    m.write({"event": "summary", "steps": 6})
+    m.close()
+    with (tmp_path / "metrics.jsonl").open("a") as fh:
+        fh.write('{"step": 6, "trunc')  # a line cut short by a crash
+    m = MetricsWriter(tmp_path, keep_steps_before=4)
+    m.write({"step": 4})
+    m.close()
+    recs = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in recs if "event" not in r] == [0, 1, 2, 3, 4]
+    assert [r["step"] for r in recs if r.get("event") == "eval"] == [1, 3]
+    assert not any(r.get("event") == "summary" for r in recs)
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0]) == {"step": 0}
+    assert torch.get_rng_state().numel() > 0

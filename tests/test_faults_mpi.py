@@ -1,0 +1,125 @@
+"""Fault injection under mpiexec: kill and resume, hung and faulty workers, corrupt checkpoints.
+
+Every job is bounded (MPIEXEC_TIMEOUT and a subprocess timeout).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from helpers import MPIEXEC, events_of, mpi_env, run_train, steps_of
+
+BASE = ["--dtype", "float64", "--eval-every", "1000", "--batch-size", "16", "--lr", "0.3", "--seed", "5"]
+
+
+def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    """dgd in float64 with no stragglers: kill -9 the job after a checkpoint, resume it, and get
+    the same parameters, step for step, as a run that was never interrupted."""
+    whole = tmp_path / "whole"
+    proc = run_train(4, ["--scheme", "dgd", "--steps", "24", "--record-params", "--out", str(whole), *BASE])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cut = tmp_path / "cut"
+    cmd = [MPIEXEC, "-n", "4", sys.executable, "-m", "pgc_mpi", "train", "--scheme", "dgd", "--steps", "1000000",
+           "--checkpoint-every", "6", "--delay", "fixed:0:0.05", "--out", str(cut), *BASE]
+    job = subprocess.Popen(cmd, env=mpi_env(120), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    until = time.monotonic() + 90
+    while time.monotonic() < until and len(list((cut / "checkpoints").glob("ckpt-*.h5"))) < 2:
+        time.sleep(0.2)
+    import os
+
+    os.killpg(job.pid, signal.SIGKILL)  # the whole job dies at once, mid-step: no goodbye
+    job.wait(timeout=30)
+    latest = sorted((cut / "checkpoints").glob("ckpt-*.h5"))[-1]
+    at = int(latest.stem.split("-")[1])
+    proc = run_train(4, ["--scheme", "dgd", "--steps", "24", "--resume", "latest", "--record-params",
+                         "--out", str(cut), *BASE])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"resumed from {latest}" in proc.stderr
+    steps = [r["step"] for r in steps_of(cut)]
+    assert steps == list(range(24))  # nothing duplicated, nothing missing
+    resumed = np.load(cut / "params.npy")  # the resumed part: w_at .. w_24
+    expected = np.load(whole / "params.npy")[at:]
+    assert resumed.shape == expected.shape
+    assert np.abs(resumed - expected).max() < 1e-12
+
+
+def test_pipelined_resume_rebuilds_the_stale_buffers_by_a_warmup(tmp_path):
+    proc = run_train(5, ["--scheme", "pgc-cr", "-s", "1", "--steps", "10", "--checkpoint-every", "5",
+                         "--out", str(tmp_path), *BASE])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_train(5, ["--scheme", "pgc-cr", "-s", "1", "--steps", "16", "--resume", "latest",
+                         "--out", str(tmp_path), *BASE])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = steps_of(tmp_path)
+    assert [r["step"] for r in steps] == list(range(16))
+    first = steps[10]  # right after the resume: buffers from the warm-up, stamped with step 9's schedule
+    for versions in first["versions"].values():
+        assert sorted(versions) == [9, 10]
+    assert events_of(tmp_path, "eval")[-1]["test_accuracy"] > 0.5
+
+
+def test_s_hung_workers_do_not_stop_a_run(tmp_path):
+    began = time.monotonic()
+    proc = run_train(7, ["--scheme", "pgc-cr", "-s", "2", "--steps", "30", "--delay", "hang:1@3+hang:4@8",
+                         "--grace", "3", "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert time.monotonic() - began < 90
+    assert sorted(events_of(tmp_path, "shutdown")[0]["abandoned"]) == [1, 4]
+    assert "workers [1, 4]" in proc.stderr
+
+
+@pytest.mark.parametrize("fault", ["nan", "inf", "badsize"])
+def test_garbage_from_a_worker_never_enters_the_model(tmp_path, fault):
+    proc = run_train(5, ["--scheme", "pgc-cr", "-s", "1", "--steps", "20", "--fault", f"{fault}:2@4",
+                         "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = steps_of(tmp_path)
+    assert all(2 not in r["used"] for r in steps[4:])
+    assert sum(m[5] == "rejected" for r in steps for m in r["messages"]) >= 10
+    summary = events_of(tmp_path, "summary")[0]
+    assert summary["rejected_messages"] >= 10 and np.isfinite(summary["final_test_loss"])
+    reason = "NaN or Inf" if fault != "badsize" else "bytes, expected"
+    assert "rejected a message from worker 2 (rank 3): " in proc.stderr and reason in proc.stderr
+
+
+def test_more_faulty_workers_than_s_fall_to_the_deadline_policy(tmp_path):
+    proc = run_train(5, ["--scheme", "pgc-cr", "-s", "1", "--steps", "20", "--fault", "nan:1@3+nan:2@3",
+                         "--deadline", "1", "--on-deadline", "fail", "--out", str(tmp_path)], timeout=90)
+    assert proc.returncode != 0
+    assert "could not decode by the deadline" in proc.stderr
+
+
+def test_a_dying_worker_ends_the_job_and_the_checkpoint_survives(tmp_path):
+    proc = run_train(5, ["--scheme", "pgc-cr", "-s", "1", "--steps", "1000", "--checkpoint-every", "5",
+                         "--fault", "die:3@12", "--out", str(tmp_path)], timeout=90)
+    assert proc.returncode != 0
+    assert "this worker dies now" in proc.stderr
+    checkpoints = sorted((tmp_path / "checkpoints").glob("ckpt-*.h5"))
+    assert checkpoints and int(checkpoints[-1].stem.split("-")[1]) >= 5
+
+
+def test_corrupt_and_mismatched_checkpoints_are_clear_errors(tmp_path):
+    proc = run_train(4, ["--scheme", "gc-cr", "--steps", "4", "--checkpoint-every", "2", "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ckpt = sorted((tmp_path / "checkpoints").glob("ckpt-*.h5"))[-1]
+    other = run_train(4, ["--scheme", "pgc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
+    assert other.returncode != 0 and "the checkpoint is for scheme = 'gc-cr', this run has 'pgc-cr'" in other.stderr
+    wider = run_train(5, ["--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
+    assert wider.returncode != 0 and "n = 3, this run has 4" in wider.stderr
+    with h5py.File(ckpt, "a") as f:
+        del f["params"]
+    broken = run_train(4, ["--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
+    assert broken.returncode != 0 and "incomplete checkpoint" in broken.stderr
+    ckpt.write_bytes(b"\x89HDF garbage")
+    junk = run_train(4, ["--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
+    assert junk.returncode != 0 and "not a readable checkpoint" in junk.stderr
+    for proc in (other, wider, broken, junk):
+        assert "Traceback" not in proc.stderr and proc.stderr.count("error") == 1

@@ -1,0 +1,103 @@
+"""The Slurm templates, checked as shell and submitted to a real single-node Slurm cluster.
+
+The cluster is brought up by launch/slurm/cluster-up.sh and stopped by cluster-down.sh (by pid).
+Without Slurm installed these tests skip, except in CI (CI=true), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import events_of, steps_of
+
+ROOT = Path(__file__).resolve().parents[1]
+SLURM_DIR = ROOT / "launch" / "slurm"
+SCRIPTS = sorted([*SLURM_DIR.glob("*.sbatch"), *SLURM_DIR.glob("*.sh"), ROOT / "launch" / "local.sh"])
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_templates_are_valid_shell(script):
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True).returncode == 0
+    if shutil.which("shellcheck") is None:
+        if os.environ.get("CI"):
+            pytest.fail("shellcheck is missing: CI must install it")
+        pytest.skip("shellcheck is not installed")
+    check = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    if shutil.which("slurmctld") is None or shutil.which("sbatch") is None:
+        if os.environ.get("CI"):
+            pytest.fail("Slurm is missing: CI must install slurmctld slurmd slurm-client munge")
+        pytest.skip("Slurm is not installed (apt-get install slurmctld slurmd slurm-client munge)")
+    # PGC_SLURM_DIR lets .ci/run stop the daemons by pid even if this test process dies
+    state = Path(os.environ["PGC_SLURM_DIR"]) if os.environ.get("PGC_SLURM_DIR") else tmp_path_factory.mktemp("slurm")
+    up = subprocess.run([str(SLURM_DIR / "cluster-up.sh"), str(state), "16"], capture_output=True, text=True,
+                        timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    env = {**os.environ, "SLURM_CONF": str(state / "slurm.conf"), "PGC_VENV": sys.prefix,
+           "MPIEXEC_TIMEOUT": "300", "OMP_NUM_THREADS": "1"}
+    yield env
+    subprocess.run([str(SLURM_DIR / "cluster-down.sh"), str(state)], capture_output=True, timeout=60)
+
+
+def _sbatch(env: dict, cwd: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(["sbatch", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
+def test_training_job(slurm, tmp_path, launcher):
+    env = {**slurm, "PGC_LAUNCHER": launcher, "PGC_OUT": str(tmp_path / "run"),
+           "PGC_ARGS": "--scheme pgc-cr -s 1 --steps 30 --eval-every 10"}
+    proc = _sbatch(env, tmp_path, "--wait", "-n", "4", "--time=10", "--export=ALL", str(SLURM_DIR / "train.sbatch"))
+    logs = "".join(p.read_text() for p in tmp_path.glob("pgc-train-*.out"))
+    assert proc.returncode == 0, proc.stderr + logs
+    summary = events_of(tmp_path / "run", "summary")[0]
+    assert summary["status"] == "completed" and summary["steps"] == 30
+    assert "n=3 workers" in logs
+
+
+def test_sweep_array_and_gather(slurm, tmp_path):
+    exp = tmp_path / "exp.toml"
+    exp.write_text('name = "slurm-sweep"\nworkers = 2\nschemes = ["dgd", "pgc-cr"]\ns = [1]\ntarget_loss = 2.0\n'
+                   'timeout = 300\nlauncher = "srun --mpi=pmi2 -n {ranks}"\n[train]\nsteps = 20\neval-every = 5\n')
+    out = tmp_path / "out"
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    proc = subprocess.run([str(SLURM_DIR / "submit-sweep.sh"), str(exp), str(out), "--time=10"],
+                          env={**slurm, "SUBMIT_WAIT": "1", "PATH": path}, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    logs = "".join(p.read_text() for p in out.glob("slurm-*.out")) if out.exists() else ""
+    assert proc.returncode == 0, proc.stdout + proc.stderr + logs
+    assert "2 runs" in proc.stdout
+    table = (out / "results.md").read_text()
+    assert "| dgd |" in table and "| pgc-cr | 1 |" in table
+    assert (out / "loss_vs_time.png").exists()
+    assert len(steps_of(out / "pgc-cr-s1-seed0")) == 20
+
+
+def test_stop_signal_through_slurm_keeps_the_metrics(slurm, tmp_path):
+    env = {**slurm, "PGC_OUT": str(tmp_path / "run"), "PGC_REQUEUE": "0",
+           "PGC_ARGS": "--steps 1000000 --delay exp:0.01 --eval-every 100"}
+    proc = _sbatch(env, tmp_path, "--parsable", "-n", "4", "--time=10", "--export=ALL", str(SLURM_DIR / "train.sbatch"))
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    until = time.monotonic() + 180
+    run = tmp_path / "run"
+    while time.monotonic() < until and not ((run / "metrics.jsonl").exists() and steps_of(run)):
+        time.sleep(0.5)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm, check=True, timeout=30)
+    while time.monotonic() < until and subprocess.run(["squeue", "-h", "-j", job], env=slurm, capture_output=True,
+                                                      text=True).stdout.strip():
+        time.sleep(0.5)
+    summary = events_of(tmp_path / "run", "summary")[0]
+    assert summary["status"] == "stopped by SIGUSR1" and summary["steps"] > 0
+    assert "telling the ranks to stop" in "".join(p.read_text() for p in tmp_path.glob("pgc-train-*.out"))
