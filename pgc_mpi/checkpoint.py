@@ -20,7 +20,6 @@ file under a checkpoint's name; the last `keep` checkpoints are kept.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 
 from .errors import PgcError
+from .h5format import atomic_h5
 
 FORMAT = 1
 _NAME = re.compile(r"ckpt-(\d{8})\.h5$")
@@ -55,33 +55,23 @@ class Checkpoint:
 def save(directory: Path, step: int, params: np.ndarray, optimizer: torch.optim.Optimizer, identity: dict[str, Any],
          config: dict[str, Any], encoding: np.ndarray | None = None, table=None, keep: int = 3) -> Path:
     """Write the checkpoint of the state before `step` and drop all but the newest `keep`."""
-    import h5py
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"ckpt-{step:08d}.h5"
-    tmp = directory / f".{path.name}.tmp-{os.getpid()}"
     state = optimizer.state_dict()
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.create_dataset("params", data=params)
-            group = f.create_group("optimizer")
-            for key, value in state["state"].get(0, {}).items():
-                group.create_dataset(key, data=value.detach().cpu().numpy() if torch.is_tensor(value) else value)
-            if encoding is not None:
-                f.create_dataset("encoding_matrix", data=encoding)
-            if table is not None:
-                f.create_dataset("table/grads", data=table.grads)
-                f.create_dataset("table/versions", data=table.versions)
-            f.create_dataset("torch_rng", data=torch.get_rng_state().numpy())
-            f.attrs.update({"format": FORMAT, "step": step, **{k: v for k, v in identity.items()},
-                            "config": json.dumps(config), "param_groups": json.dumps(state["param_groups"])})
-            f.flush()
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_h5(path) as f:
+        f.create_dataset("params", data=params)
+        group = f.create_group("optimizer")
+        for key, value in state["state"].get(0, {}).items():
+            group.create_dataset(key, data=value.detach().cpu().numpy() if torch.is_tensor(value) else value)
+        if encoding is not None:
+            f.create_dataset("encoding_matrix", data=encoding)
+        if table is not None:
+            f.create_dataset("table/grads", data=table.grads)
+            f.create_dataset("table/versions", data=table.versions)
+        f.create_dataset("torch_rng", data=torch.get_rng_state().numpy())
+        f.attrs.update({"format": FORMAT, "step": step, **identity, "config": json.dumps(config),
+                        "param_groups": json.dumps(state["param_groups"])})
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return path

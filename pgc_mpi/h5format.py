@@ -25,6 +25,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,25 @@ class DataFormatError(PgcError):
     """A data file that is missing, unreadable or not in pgc-mpi's HDF5 layout."""
 
 
+@contextmanager
+def atomic_h5(path: Path) -> Iterator[Any]:
+    """An h5py.File open for writing under a temporary name next to `path`. On success it is
+    flushed, fsynced and renamed to `path`; on any error the temporary file is removed, so no
+    partial file ever carries the final name."""
+    import h5py
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            yield f
+            f.flush()
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def checksum(arrays: list[np.ndarray]) -> str:
     """sha256 of the arrays' bytes (C order), in the given order."""
     h = hashlib.sha256()
@@ -52,8 +73,6 @@ def checksum(arrays: list[np.ndarray]) -> str:
 def write_dataset(path: Path, name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
                   num_classes: int, source: str, normalization: dict[str, Any], task: str = "classification") -> Path:
     """Write a data set in the layout above, atomically; returns the path."""
-    import h5py
-
     path = Path(path)
     label_dtype = np.int64 if task == "classification" else np.float32
     arrays = {}
@@ -67,24 +86,16 @@ def write_dataset(path: Path, name: str, train: tuple[np.ndarray, np.ndarray], t
                 raise DataFormatError(f"{split} labels lie outside 0..{num_classes - 1}")
     digest = checksum([a for pair in arrays.values() for a in pair])
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with h5py.File(tmp, "w") as f:
-            for split, (x, y) in arrays.items():
-                group = f.create_group(split)
-                group.create_dataset("x", data=x, chunks=_chunks(x))
-                group.create_dataset("y", data=y)
-            f.attrs.update({
-                "format_version": FORMAT_VERSION, "name": name, "task": task, "num_classes": num_classes,
-                "sample_shape": np.asarray(arrays["train"][0].shape[1:], dtype=np.int64), "source": source,
-                "normalization": json.dumps(normalization), "checksum": digest,
-            })
-            f.flush()
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_h5(path) as f:
+        for split, (x, y) in arrays.items():
+            group = f.create_group(split)
+            group.create_dataset("x", data=x, chunks=_chunks(x))
+            group.create_dataset("y", data=y)
+        f.attrs.update({
+            "format_version": FORMAT_VERSION, "name": name, "task": task, "num_classes": num_classes,
+            "sample_shape": np.asarray(arrays["train"][0].shape[1:], dtype=np.int64), "source": source,
+            "normalization": json.dumps(normalization), "checksum": digest,
+        })
     return path
 
 
