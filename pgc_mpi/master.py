@@ -87,9 +87,19 @@ class Master:
             self._run_table()
         else:
             self._run_coded()
-        if self.cfg.checkpoint_every is not None or self.totals.stopped_by:
+        if self.cfg.checkpoint_every is not None or self.totals.stopped_by or self._checkpoint_requested():
             self.checkpoint()
         return self.totals
+
+    def _checkpoint_requested(self) -> bool:
+        """A checkpoint on demand: the file OUT/CHECKPOINT (removed once seen) or SIGUSR2 to rank 0.
+
+        (mpiexec does not forward SIGUSR2 - it dies of it - so the file works with every launcher.)"""
+        trigger = self.out / "CHECKPOINT"
+        if trigger.exists():
+            trigger.unlink(missing_ok=True)
+            return True
+        return signals.checkpoint_requested()
 
     def checkpoint(self) -> Path:
         """Write a checkpoint of the state after the steps done so far."""
@@ -315,7 +325,8 @@ class Master:
         """Log the step and evaluate when due; returns True when the target loss is reached."""
         step_time = time.monotonic() - began
         self.totals.steps = t + 1
-        if self.cfg.checkpoint_every and (t + 1) % self.cfg.checkpoint_every == 0 and t + 1 < self.cfg.steps:
+        due = self.cfg.checkpoint_every and (t + 1) % self.cfg.checkpoint_every == 0
+        if (due or self._checkpoint_requested()) and t + 1 < self.cfg.steps:
             self.checkpoint()
         self.totals.skipped += self.n - len(record["used"])
         self.totals.deadline_missed += int(record["deadline_missed"])

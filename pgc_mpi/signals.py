@@ -1,4 +1,5 @@
-"""Stop requests by signal: Slurm's `--signal` (SIGUSR1 by default here) and SIGTERM.
+"""Requests by signal: stop (Slurm's `--signal`, SIGUSR1 by default here, and SIGTERM) and
+checkpoint now (SIGUSR2).
 
 Every rank installs the handler, so a signal that reaches the whole job (srun and mpiexec
 forward it to all ranks) does not kill anyone on the spot: the master notices the request
@@ -12,12 +13,22 @@ import signal
 
 EXIT_STOPPED = 3  # the run stopped early on request: requeue or resume it
 _requested: list[int] = []
+_checkpoints: list[int] = []
 
 
 def install() -> None:
-    """Record SIGUSR1 and SIGTERM instead of dying from them."""
+    """Record SIGUSR1 and SIGTERM (stop) and SIGUSR2 (checkpoint) instead of dying from them."""
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: _requested.append(signum))
+    signal.signal(signal.SIGUSR2, lambda signum, frame: _checkpoints.append(signum))
+
+
+def checkpoint_requested() -> bool:
+    """Whether SIGUSR2 arrived since the last call (each request is answered once)."""
+    if not _checkpoints:
+        return False
+    _checkpoints.clear()
+    return True
 
 
 def requested() -> str | None:

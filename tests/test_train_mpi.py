@@ -205,7 +205,7 @@ def test_a_stop_signal_ends_the_run_cleanly_and_asks_for_a_requeue(tmp_path, sig
     from helpers import MPIEXEC
 
     cmd = [MPIEXEC, "-n", "4", sys.executable, "-m", "pgc_mpi", "train", "--steps", "100000", "--delay", "exp:0.01",
-           "--eval-every", "50", "--out", str(tmp_path)]
+           "--eval-every", "50", "--checkpoint-every", "1000000", "--out", str(tmp_path)]
     proc = subprocess.Popen(cmd, env=mpi_env(120), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     until = time.monotonic() + 60
     while time.monotonic() < until and not ((tmp_path / "metrics.jsonl").exists() and steps_of(tmp_path)):
@@ -219,3 +219,28 @@ def test_a_stop_signal_ends_the_run_cleanly_and_asks_for_a_requeue(tmp_path, sig
     assert summary["status"] == f"stopped by {sig}" and 0 < summary["steps"] < 100000
     assert len(steps_of(tmp_path)) == summary["steps"]
     assert f"{sig} received" in err
+    assert (tmp_path / "checkpoints" / f"ckpt-{summary['steps']:08d}.h5").is_file()  # written on the way out
+
+
+def test_a_checkpoint_on_demand_and_training_goes_on(tmp_path):
+    import signal
+
+    from helpers import MPIEXEC
+
+    cmd = [MPIEXEC, "-n", "4", sys.executable, "-m", "pgc_mpi", "train", "--steps", "100000", "--delay", "exp:0.01",
+           "--eval-every", "1000", "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, env=mpi_env(120), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    until = time.monotonic() + 60
+    while time.monotonic() < until and not ((tmp_path / "metrics.jsonl").exists() and steps_of(tmp_path)):
+        time.sleep(0.2)
+    (tmp_path / "CHECKPOINT").touch()
+    while time.monotonic() < until and not list((tmp_path / "checkpoints").glob("ckpt-*.h5")):
+        time.sleep(0.2)
+    written = len(steps_of(tmp_path))
+    time.sleep(2)
+    assert len(steps_of(tmp_path)) > written  # still training
+    assert not (tmp_path / "CHECKPOINT").exists()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 3, err[-2000:]
+    assert len(list((tmp_path / "checkpoints").glob("ckpt-*.h5"))) == 2  # on demand, then on the way out
