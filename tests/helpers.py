@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from pgc_mpi.metrics import read_metrics
@@ -23,9 +24,21 @@ def mpi_env(timeout: int = 120) -> dict[str, str]:
 
 
 def run_train(ranks: int, args: list[str], timeout: int = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """`mpiexec -n RANKS python -m pgc_mpi train ARGS`, bounded by MPIEXEC_TIMEOUT and a subprocess timeout."""
+    """`mpiexec -n RANKS python -m pgc_mpi train ARGS`, bounded by MPIEXEC_TIMEOUT and a subprocess timeout.
+
+    Known intermittent problem (see the README's limits): rarely, on this 2-core VM, MPICH's mpiexec
+    reports status 9 (a rank got SIGKILL) with no error from any rank. Only that exact signature
+    is run once more, with a warning that shows in the test summary; any other failure, and a
+    second status 9, is reported as it is.
+    """
     cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "pgc_mpi", "train", *args]
-    return subprocess.run(cmd, env=mpi_env(timeout), capture_output=True, text=True, timeout=timeout + 30, cwd=cwd)
+    proc = subprocess.run(cmd, env=mpi_env(timeout), capture_output=True, text=True, timeout=timeout + 30, cwd=cwd)
+    if proc.returncode == 9 and "Traceback" not in proc.stderr and "ERROR" not in proc.stderr:
+        warnings.warn(f"mpiexec exited with status 9 and no error (rank killed); rerunning once: {args}",
+                      stacklevel=2)
+        proc = subprocess.run(cmd, env=mpi_env(timeout), capture_output=True, text=True, timeout=timeout + 30,
+                              cwd=cwd)
+    return proc
 
 
 def require_fashion_mnist() -> None:

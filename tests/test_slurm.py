@@ -90,10 +90,17 @@ def test_stop_signal_through_slurm_keeps_the_metrics(slurm, tmp_path):
     proc = _sbatch(env, tmp_path, "--parsable", "-n", "4", "--time=10", "--export=ALL", str(SLURM_DIR / "train.sbatch"))
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip().split(";")[0]
-    until = time.monotonic() + 180
+    until = time.monotonic() + 300
     run = tmp_path / "run"
     while time.monotonic() < until and not ((run / "metrics.jsonl").exists() and steps_of(run)):
         time.sleep(0.5)
+    if not (run / "metrics.jsonl").exists():  # say what the job was doing, then fail
+        job_state = subprocess.run(["scontrol", "show", "job", job], env=slurm, capture_output=True, text=True).stdout
+        procs = subprocess.run(["ps", "-eo", "pid,stat,etime,args"], capture_output=True, text=True).stdout
+        subprocess.run(["scancel", job], env=slurm, timeout=30)
+        output = "".join(p.read_text() for p in tmp_path.glob("pgc-train-*.out"))
+        pytest.fail(f"the job produced no metrics in 300 s\n{job_state}\n{output}\n"
+                    + "\n".join(line for line in procs.splitlines() if "pgc" in line or "srun" in line))
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm, check=True, timeout=30)
     while time.monotonic() < until and subprocess.run(["squeue", "-h", "-j", job], env=slurm, capture_output=True,
                                                       text=True).stdout.strip():
