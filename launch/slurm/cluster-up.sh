@@ -13,6 +13,8 @@ if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
 fi
+# a fresh cluster every time: jobs recovered from an earlier run's state would hold the node
+rm -rf "${dir:?}"/state "${dir:?}"/spool
 mkdir -p "$dir"/{state,spool,log}
 install -d -o munge -g munge -m 0755 /run/munge
 [ -s /etc/munge/munge.key ] || runuser -u munge -- /usr/sbin/mungekey --verbose
@@ -48,7 +50,7 @@ NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF
 export SLURM_CONF="$dir/slurm.conf"
-slurmctld
+slurmctld -c
 slurmd -N localhost
 for _ in $(seq 1 60); do
   if sinfo -h -o '%T' 2>/dev/null | grep -qx idle; then
