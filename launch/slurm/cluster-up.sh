@@ -18,7 +18,12 @@ rm -rf "${dir:?}"/state "${dir:?}"/spool
 mkdir -p "$dir"/{state,spool,log}
 install -d -o munge -g munge -m 0755 /run/munge
 [ -s /etc/munge/munge.key ] || runuser -u munge -- /usr/sbin/mungekey --verbose
-pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
+# munged may be on its way out (a cluster-down just now): wait until its socket answers
+for _ in $(seq 1 40); do
+  if [ -S /run/munge/munge.socket.2 ] && munge -n </dev/null >/dev/null 2>&1; then break; fi
+  pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
+  sleep 0.25
+done
 mem=$(( $(awk '/MemTotal/{print $2}' /proc/meminfo) * 8 / 10 / 1024 ))
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=pgc
