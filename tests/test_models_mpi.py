@@ -19,7 +19,7 @@ def digits_h5(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("model,steps,lr,batch", [("logreg", 30, 0.3, 32), ("mlp", 30, 0.1, 32),
-                                                  ("cnn", 30, 0.05, 32), ("resnet18", 6, 0.05, 16)])
+                                                  ("cnn", 30, 0.05, 32), ("resnet18", 6, 0.01, 16)])
 def test_each_model_trains_with_a_coded_scheme(tmp_path, digits_h5, model, steps, lr, batch):
     out = tmp_path / "run"
     proc = run_train(4, ["--dataset", str(digits_h5), "--model", model, "--scheme", "pgc-cr", "-s", "1",
