@@ -6,8 +6,11 @@ from __future__ import annotations
 
 def train() -> None:
     """Run pgc-train (does not return: it finalizes MPI and exits)."""
+    import faulthandler
+
     from . import signals
 
+    faulthandler.enable()  # a crash in native code (torch, MPI) still says where it happened
     signals.install()
     from .train import cli
 
