@@ -68,8 +68,10 @@ def test_training_job(slurm, tmp_path, launcher):
 
 def test_sweep_array_and_gather(slurm, tmp_path):
     exp = tmp_path / "exp.toml"
+    # the runs start with the MPI library's own mpiexec inside each array task: MPICH under srun --mpi=pmi2
+    # hangs in MPI_Init now and then on this machine (test_training_job[srun] covers srun)
     exp.write_text('name = "slurm-sweep"\nworkers = 2\nschemes = ["dgd", "pgc-cr"]\ns = [1]\ntarget_loss = 2.0\n'
-                   'timeout = 300\nlauncher = "srun --mpi=pmi2 -n {ranks}"\n[train]\nsteps = 20\neval-every = 5\n')
+                   'timeout = 300\nlauncher = "mpiexec -n {ranks}"\n[train]\nsteps = 20\neval-every = 5\n')
     out = tmp_path / "out"
     path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
     proc = subprocess.run([str(SLURM_DIR / "submit-sweep.sh"), str(exp), str(out), "--time=10"],
