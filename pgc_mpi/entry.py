@@ -8,10 +8,12 @@ def train() -> None:
     """Run pgc-train (does not return: it finalizes MPI and exits)."""
     import faulthandler
 
-    from . import signals
+    from . import shm, signals
 
     faulthandler.enable()  # a crash in native code (torch, MPI) still says where it happened
     signals.install()
+    # before MPI_Init: a segment a killed MPI job left on this node would hang it (see pgc_mpi.shm)
+    shm.report_stale(shm.remove_stale())
     from .train import cli
 
     cli()

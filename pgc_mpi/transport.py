@@ -16,6 +16,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from pgc_mpi import shm
+
 TAG_MODEL, TAG_GRAD, TAG_STOP, TAG_BYE = 101, 102, 103, 104
 MODEL_HEADER = 1  # [step]
 
@@ -37,8 +39,16 @@ class Layout:
 
 
 def duplicate_world(comm: MPI.Comm | None = None) -> MPI.Comm:
-    """Our own communicator, so our messages never match the user's (COMM_WORLD's) ones."""
-    return (comm if comm is not None else MPI.COMM_WORLD).Dup()
+    """Our own communicator, so our messages never match the user's (COMM_WORLD's) ones.
+
+    Duplicating COMM_WORLD is a collective every rank enters only after its MPI_Init, so the
+    job is up: MPICH's start-up segment is unlinked here, so that no way this job ends can
+    leave it to hang a later job (see pgc_mpi.shm).
+    """
+    dup = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+    if comm is None:
+        shm.unlink_own_segments()
+    return dup
 
 
 def abort(code: int) -> None:

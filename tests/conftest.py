@@ -21,12 +21,24 @@ def _with_mpi(config: pytest.Config) -> bool:
     return bool(config.getoption("--with-mpi", default=False))
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A segment a killed MPI job left in /dev/shm hangs a later job in MPI_Init (pgc_mpi.shm)."""
+    from pgc_mpi import shm
+
+    if not _with_mpi(session.config):
+        shm.report_stale(shm.remove_stale())
+
+
 @pytest.hookimpl(trylast=True)  # after the terminal reporter exists
 def pytest_configure(config: pytest.Config) -> None:
     if not _with_mpi(config):
         return
     from mpi4py import MPI
 
+    from pgc_mpi import shm
+
+    MPI.COMM_WORLD.Barrier()  # every rank is past MPI_Init: this run leaves no segment behind
+    shm.unlink_own_segments()
     rank = MPI.COMM_WORLD.Get_rank()
     if rank > 0:
         log_dir = Path(os.environ.get("PGC_TEST_LOG_DIR", "/tmp"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 from pgc_mpi.metrics import read_metrics
@@ -23,21 +22,22 @@ def mpi_env(timeout: int = 120) -> dict[str, str]:
     return env
 
 
+def mpich_segments() -> set[str]:
+    """MPICH start-up segments in /dev/shm now (see pgc_mpi.shm)."""
+    return {p.name for p in Path("/dev/shm").glob("mpich_*")} if Path("/dev/shm").is_dir() else set()
+
+
 def run_train(ranks: int, args: list[str], timeout: int = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`mpiexec -n RANKS python -m pgc_mpi train ARGS`, bounded by MPIEXEC_TIMEOUT and a subprocess timeout.
 
-    Known intermittent problem (see the README's limits): rarely, on this 2-core VM, MPICH's mpiexec
-    reports status 9 (a rank got SIGKILL) with no error from any rank. Only that exact signature
-    is run once more, with a warning that shows in the test summary; any other failure, and a
-    second status 9, is reported as it is.
+    However the job ends (finished, stopped, aborted, a rank killed), it must not leave an MPICH
+    start-up segment in /dev/shm: a leaked one hangs a later job in MPI_Init (pgc_mpi.shm).
     """
     cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "pgc_mpi", "train", *args]
+    before = mpich_segments()
     proc = subprocess.run(cmd, env=mpi_env(timeout), capture_output=True, text=True, timeout=timeout + 30, cwd=cwd)
-    if proc.returncode == 9 and "Traceback" not in proc.stderr and "ERROR" not in proc.stderr:
-        warnings.warn(f"mpiexec exited with status 9 and no error (rank killed); rerunning once: {args}",
-                      stacklevel=2)
-        proc = subprocess.run(cmd, env=mpi_env(timeout), capture_output=True, text=True, timeout=timeout + 30,
-                              cwd=cwd)
+    leaked = mpich_segments() - before
+    assert not leaked, f"the job left MPICH shared-memory segments behind: {sorted(leaked)}\n{proc.stderr[-2000:]}"
     return proc
 
 

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from helpers import MPIEXEC, events_of, mpi_env, run_train, steps_of
+from helpers import MPIEXEC, events_of, mpi_env, mpich_segments, run_train, steps_of
 
 BASE = ["--dtype", "float64", "--eval-every", "1000", "--batch-size", "16", "--lr", "0.3", "--seed", "5"]
 
@@ -28,6 +28,7 @@ def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
     cut = tmp_path / "cut"
     cmd = [MPIEXEC, "-n", "4", sys.executable, "-m", "pgc_mpi", "train", "--scheme", "dgd", "--steps", "1000000",
            "--checkpoint-every", "6", "--delay", "fixed:0:0.05", "--out", str(cut), *BASE]
+    segments = mpich_segments()
     job = subprocess.Popen(cmd, env=mpi_env(120), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
     until = time.monotonic() + 90
@@ -37,6 +38,7 @@ def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
     os.killpg(job.pid, signal.SIGKILL)  # the whole job dies at once, mid-step: no goodbye
     job.wait(timeout=30)
+    assert mpich_segments() <= segments  # nothing left in /dev/shm to hang a later job (pgc_mpi.shm)
     latest = sorted((cut / "checkpoints").glob("ckpt-*.h5"))[-1]
     at = int(latest.stem.split("-")[1])
     proc = run_train(4, ["--scheme", "dgd", "--steps", "24", "--resume", "latest", "--record-params",

@@ -50,10 +50,19 @@ def slurm(tmp_path_factory):
     subprocess.run([str(SLURM_DIR / "cluster-down.sh"), str(state)], capture_output=True, timeout=60)
 
 
+def _fnv1a(text: str) -> int:
+    """MPICH's world id: the 32-bit FNV-1a hash of the job name (under Slurm PMI2: JOBID.STEPID)."""
+    value = 2166136261
+    for byte in text.encode():
+        value = ((value ^ byte) * 16777619) & 0xFFFFFFFF
+    return value
+
+
 def _sbatch(env: dict, cwd: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
     return subprocess.run(["sbatch", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
 def test_training_job(slurm, tmp_path, launcher):
     env = {**slurm, "PGC_LAUNCHER": launcher, "PGC_OUT": str(tmp_path / "run"),
@@ -66,12 +75,11 @@ def test_training_job(slurm, tmp_path, launcher):
     assert "n=3 workers" in logs
 
 
+@pytest.mark.timeout(700)
 def test_sweep_array_and_gather(slurm, tmp_path):
     exp = tmp_path / "exp.toml"
-    # the runs start with the MPI library's own mpiexec inside each array task: MPICH under srun --mpi=pmi2
-    # hangs in MPI_Init now and then on this machine (test_training_job[srun] covers srun)
     exp.write_text('name = "slurm-sweep"\nworkers = 2\nschemes = ["dgd", "pgc-cr"]\ns = [1]\ntarget_loss = 2.0\n'
-                   'timeout = 300\nlauncher = "mpiexec -n {ranks}"\n[train]\nsteps = 20\neval-every = 5\n')
+                   'timeout = 300\nlauncher = "srun --mpi=pmi2 -n {ranks}"\n[train]\nsteps = 20\neval-every = 5\n')
     out = tmp_path / "out"
     path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
     proc = subprocess.run([str(SLURM_DIR / "submit-sweep.sh"), str(exp), str(out), "--time=10"],
@@ -86,6 +94,7 @@ def test_sweep_array_and_gather(slurm, tmp_path):
     assert len(steps_of(out / "pgc-cr-s1-seed0")) == 20
 
 
+@pytest.mark.timeout(600)  # longer than its own 300 s wait, so a stuck job is described, not cut off
 def test_stop_signal_through_slurm_keeps_the_metrics(slurm, tmp_path):
     env = {**slurm, "PGC_OUT": str(tmp_path / "run"), "PGC_REQUEUE": "0",
            "PGC_ARGS": "--steps 1000000 --delay exp:0.01 --eval-every 100"}
@@ -110,3 +119,38 @@ def test_stop_signal_through_slurm_keeps_the_metrics(slurm, tmp_path):
     summary = events_of(tmp_path / "run", "summary")[0]
     assert summary["status"] == "stopped by SIGUSR1" and summary["steps"] > 0
     assert "telling the ranks to stop" in "".join(p.read_text() for p in tmp_path.glob("pgc-train-*.out"))
+
+
+def test_a_segment_left_by_a_killed_job_does_not_hang_the_next_one(slurm, tmp_path):
+    """The start-up hang seen under srun, made to happen: kill an srun MPI job with SIGKILL (its
+    /dev/shm segment stays), give the segment the name the next job's step will use, and run that
+    job. Without pgc_mpi.shm's clean-up its ranks open the stale segment and spin in MPI_Init."""
+    hold = ("import os, time; from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); "
+            "print(os.environ['SLURM_JOB_ID'], flush=True); time.sleep(300)")
+    before = {p.name for p in Path("/dev/shm").glob("mpich_shm_*")}
+    job = subprocess.Popen(["srun", "--mpi=pmi2", "-n", "4", sys.executable, "-c", hold], env=slurm,
+                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        job_id = int(job.stdout.readline())
+    finally:
+        os.killpg(job.pid, 9)
+        job.wait(timeout=60)
+    until = time.monotonic() + 60
+    while time.monotonic() < until and subprocess.run(["squeue", "-h", "-j", str(job_id)], env=slurm,
+                                                      capture_output=True, text=True).stdout.strip():
+        time.sleep(0.5)
+    stale = Path(f"/dev/shm/mpich_shm_{_fnv1a(f'{job_id}.0'):x}_0")
+    left = sorted({p.name for p in Path("/dev/shm").glob("mpich_shm_*")} - before)
+    assert stale.exists(), f"expected the killed job to leave {stale.name}; it left {left}"
+    trap = Path(f"/dev/shm/mpich_shm_{_fnv1a(f'{job_id + 1}.0'):x}_0")  # what the next job's srun step opens
+    stale.rename(trap)
+    os.utime(trap, (time.time() - 60, time.time() - 60))
+    env = {**slurm, "PGC_LAUNCHER": "srun", "PGC_OUT": str(tmp_path / "run"),
+           "PGC_ARGS": "--scheme pgc-cr -s 1 --steps 10 --eval-every 10"}
+    proc = _sbatch(env, tmp_path, "--wait", "--parsable", "-n", "4", "--time=3", "--export=ALL",
+                   str(SLURM_DIR / "train.sbatch"), timeout=300)
+    logs = "".join(p.read_text() for p in tmp_path.glob("pgc-train-*.out"))
+    assert proc.stdout.strip().split(";")[0] == str(job_id + 1), "another job took the planned job id"
+    assert proc.returncode == 0, proc.stderr + logs
+    assert "stale MPICH shared-memory segment" in logs
+    assert not trap.exists()
