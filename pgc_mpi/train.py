@@ -143,6 +143,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, re
     totals = master.run()
     wall = time.monotonic() - began
     progress.close()
+    # from the file, not the Master: after a resume it also holds the steps of the earlier part
     step_times = [r["step_time"] for r in _read_steps(metrics.path)]
     status = f"stopped by {totals.stopped_by}" if totals.stopped_by else "completed"
     summary = {"event": "summary", "status": status, "steps": totals.steps, "wall_time": wall,

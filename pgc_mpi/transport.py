@@ -101,41 +101,46 @@ class MasterTransport:
         self._reqs[worker] = self.comm.Irecv([self.recv[worker], MPI.BYTE], source=worker + 1, tag=TAG_GRAD)
 
     def poll(self, until: float) -> list[int]:
-        """Workers whose gradient has arrived, waiting at most until time.monotonic() == until.
-
-        A message of the wrong size never reaches the master's buffers' users: a larger one is
-        truncated by MPI (an error in its status), a smaller one is caught by its byte count.
-        Either is recorded in `malformed` as (worker, reason), its receive is posted again, and
-        it is not returned.
-        """
+        """Workers whose gradient has arrived, waiting at most until time.monotonic() == until."""
         while True:
-            active = [r != MPI.REQUEST_NULL for r in self._reqs]
-            for st in self._statuses:
-                st.Set_source(-1)
-                st.Set_error(MPI.SUCCESS)
-            try:
-                done = MPI.Request.Testsome(self._reqs, self._statuses) or []
-            except MPI.Exception:  # a message in error (truncated): the completed ones are now null
-                done = [i for i, r in enumerate(self._reqs) if active[i] and r == MPI.REQUEST_NULL]
-            by_source = {st.Get_source(): st for st in self._statuses if st.Get_source() >= 1}
-            good = []
-            for i in done:
-                st = by_source.get(i + 1)
-                if st is not None and st.Get_error() != MPI.SUCCESS:
-                    self.malformed.append((i, "message larger than expected (truncated)"))
-                    self.post(i)
-                elif st is not None and st.Get_count(MPI.BYTE) != self.grad_layout.nbytes:
-                    self.malformed.append((i, f"message of {st.Get_count(MPI.BYTE)} bytes, expected "
-                                              f"{self.grad_layout.nbytes}"))
-                    self.post(i)
-                else:
-                    good.append(i)
+            good = self._completed()
             if good:
                 self.bytes_received += len(good) * self.grad_layout.nbytes
                 return good
             if time.monotonic() >= until:
                 return []
             time.sleep(self.poll_interval)
+
+    def _completed(self) -> list[int]:
+        """Workers whose receive has completed with a well-formed message (one Testsome pass).
+
+        A message of the wrong size never reaches the master's buffers' users: a larger one is
+        truncated by MPI (an error in its status), a smaller one is caught by its byte count.
+        Either is recorded in `malformed` as (worker, reason), its receive is posted again, and
+        it is not returned.
+        """
+        active = [r != MPI.REQUEST_NULL for r in self._reqs]
+        for st in self._statuses:
+            st.Set_source(-1)
+            st.Set_error(MPI.SUCCESS)
+        try:
+            done = MPI.Request.Testsome(self._reqs, self._statuses) or []
+        except MPI.Exception:  # a message in error (truncated): the completed ones are now null
+            done = [i for i, r in enumerate(self._reqs) if active[i] and r == MPI.REQUEST_NULL]
+        by_source = {st.Get_source(): st for st in self._statuses if st.Get_source() >= 1}
+        good = []
+        for i in done:
+            st = by_source.get(i + 1)
+            if st is not None and st.Get_error() != MPI.SUCCESS:
+                self.malformed.append((i, "message larger than expected (truncated)"))
+                self.post(i)
+            elif st is not None and st.Get_count(MPI.BYTE) != self.grad_layout.nbytes:
+                self.malformed.append((i, f"message of {st.Get_count(MPI.BYTE)} bytes, expected "
+                                          f"{self.grad_layout.nbytes}"))
+                self.post(i)
+            else:
+                good.append(i)
+        return good
 
     def publish(self, step: int, w: np.ndarray) -> None:
         """Copy the parameters of `step` into a snapshot that the next model sends use."""
@@ -191,8 +196,8 @@ class MasterTransport:
         return sorted(set(range(self.n)) - confirmed)
 
     def _repost_arrived(self) -> None:
-        """Discard gradients that arrive while stopping, keeping a receive ready for the next."""
-        for w in MPI.Request.Testsome(self._reqs) or []:
+        """Discard gradients that arrive while stopping (well-formed or not), keeping a receive ready."""
+        for w in self._completed():
             self.post(w)
 
 

@@ -132,8 +132,8 @@ def test_a_segment_left_by_a_killed_job_does_not_hang_the_next_one(slurm, tmp_pa
                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         job_id = int(job.stdout.readline())
+        subprocess.run(["scancel", "--signal=KILL", str(job_id)], env=slurm, check=True, timeout=30)
     finally:
-        os.killpg(job.pid, 9)
         job.wait(timeout=60)
     until = time.monotonic() + 60
     while time.monotonic() < until and subprocess.run(["squeue", "-h", "-j", str(job_id)], env=slurm,
