@@ -7,15 +7,25 @@ policy is applied here too, so both drivers take the same decisions on the same 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import NotDecodable, PgcError
+from .errors import ConfigError, NotDecodable, PgcError
 from .schemes import CodedScheme
 
 DEADLINE_POLICIES = ("wait", "partial", "fail")
+
+
+def check_deadline(deadline: float | None, policy: str) -> None:
+    """Raise ConfigError unless `deadline` is None or a number > 0 and `policy` is a known one
+    (the same rule for pgc-train's and the simulator's configurations)."""
+    if deadline is not None and not (isinstance(deadline, (int, float)) and math.isfinite(deadline) and deadline > 0):
+        raise ConfigError(f"--deadline must be a number > 0, got {deadline!r}")
+    if policy not in DEADLINE_POLICIES:
+        raise ConfigError(f"--on-deadline {policy!r} is not one of: {', '.join(DEADLINE_POLICIES)}")
 
 
 class DeadlineMissed(PgcError):

@@ -19,7 +19,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .collector import DEADLINE_POLICIES
+from .collector import check_deadline
 from .datasets import BUILTIN
 from .errors import ConfigError
 from .faults import parse_faults
@@ -71,14 +71,12 @@ class TrainConfig:
         _positive_int("eval-every", self.eval_every)
         _positive_int("threads", self.threads)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _choice("on-deadline", self.on_deadline, DEADLINE_POLICIES)
         _choice("model", self.model, MODELS)
         _choice("dtype", self.dtype, tuple(DTYPES))
         _positive("lr", self.lr)
         _positive("grace", self.grace)
         _positive("poll-interval", self.poll_interval)
-        if self.deadline is not None:
-            _positive("deadline", self.deadline)
+        check_deadline(self.deadline, self.on_deadline)
         if self.target_loss is not None and not math.isfinite(self.target_loss):
             raise ConfigError(f"--target-loss must be a finite number, got {self.target_loss}")
         if not 0 <= self.momentum < 1:

@@ -1,14 +1,15 @@
 """MPICH's start-up shared-memory segments: unlink ours once the job is up, remove stale ones.
 
 MPICH (4.x/5.x, ch4) creates one POSIX shared-memory file per node at MPI_Init,
-/dev/shm/mpich_shm_<world id>_<node>, where the world id is a hash of the process manager's
-job name (under Slurm's PMI2, of the Slurm job and step ids). The node's first rank creates it
-and only MPI_Finalize unlinks it, so every job that is killed or aborted leaves its file behind.
-A later job whose name hashes to the same id (Slurm job ids restart when a cluster's state is
-reset; mpiexec's names reuse process ids) then opens the stale file instead of a fresh one and
-hangs in MPI_Init, or crashes there. Measured on this project's single-node Slurm: a job killed
-with SIGKILL left mpich_shm_eb421bf2_0, and the next cluster's job 1 hung in MPI_Init until the
-file was removed.
+/dev/shm/mpich_shm_<world id>_<node>, where the world id is the FNV-1a hash of the process
+manager's job name: "JOBID.STEPID" under Slurm's PMI2, "kvs_<pid of mpiexec>_0" under hydra.
+The node's first rank creates it and only MPI_Finalize unlinks it, so every job that is killed
+or aborted leaves its file behind. A later job whose name hashes to the same id (Slurm job ids
+restart when a cluster's state is reset; process ids are reused) then opens the stale file
+instead of a fresh one and hangs in MPI_Init, or fails there with garbage from the old job's
+queues. Measured on this project's single-node Slurm: a job killed with SIGKILL left
+mpich_shm_eb421bf2_0 (the hash of "1.0"), and the next cluster's job 1 hung in MPI_Init until
+the file was removed (tests/test_slurm.py makes this happen on purpose).
 
 Two defences, both Linux-only (/proc) and no-ops elsewhere:
 - `unlink_own_segments` (transport.duplicate_world): once every rank has finished MPI_Init, the

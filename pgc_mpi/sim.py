@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .collector import DEADLINE_POLICIES, Decoded, StepCollector
+from .collector import Decoded, StepCollector, check_deadline
 from .errors import ConfigError
 from .optim import FlatOptimizer
 from .problems import Problem
@@ -49,10 +49,7 @@ class SimConfig:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
         if not self.compute_time > 0:
             raise ConfigError(f"compute_time must be > 0, got {self.compute_time}")
-        if self.deadline is not None and not self.deadline > 0:
-            raise ConfigError(f"the deadline must be > 0 seconds, got {self.deadline}")
-        if self.on_deadline not in DEADLINE_POLICIES:
-            raise ConfigError(f"on_deadline must be one of {', '.join(DEADLINE_POLICIES)}, got {self.on_deadline!r}")
+        check_deadline(self.deadline, self.on_deadline)
 
 
 @dataclass

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pgc_mpi import shm
 from pgc_mpi.metrics import read_metrics
 
 BIN = Path(sys.executable).parent
@@ -27,6 +28,16 @@ def mpich_segments() -> set[str]:
     return {p.name for p in Path("/dev/shm").glob("mpich_*")} if Path("/dev/shm").is_dir() else set()
 
 
+def leaked_segments(before: set[str]) -> set[str]:
+    """Segments that appeared since `before` and that no process maps: left behind by a job that
+    ended. (A segment some other MPI job on the machine is using right now is not a leak.)"""
+    new = mpich_segments() - before
+    if not new:
+        return set()
+    in_use = shm.mapped_segments(list(Path("/proc").glob("[0-9]*/maps")))
+    return {name for name in new if Path("/dev/shm") / name not in in_use}
+
+
 def run_train(ranks: int, args: list[str], timeout: int = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`mpiexec -n RANKS python -m pgc_mpi train ARGS`, bounded by MPIEXEC_TIMEOUT and a subprocess timeout.
 
@@ -36,7 +47,7 @@ def run_train(ranks: int, args: list[str], timeout: int = 120, cwd: Path | None 
     cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "pgc_mpi", "train", *args]
     before = mpich_segments()
     proc = subprocess.run(cmd, env=mpi_env(timeout), capture_output=True, text=True, timeout=timeout + 30, cwd=cwd)
-    leaked = mpich_segments() - before
+    leaked = leaked_segments(before)
     assert not leaked, f"the job left MPICH shared-memory segments behind: {sorted(leaked)}\n{proc.stderr[-2000:]}"
     return proc
 

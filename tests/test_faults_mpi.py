@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from helpers import MPIEXEC, events_of, mpi_env, mpich_segments, run_train, steps_of
+from helpers import MPIEXEC, events_of, leaked_segments, mpi_env, mpich_segments, run_train, steps_of
 
 BASE = ["--dtype", "float64", "--eval-every", "1000", "--batch-size", "16", "--lr", "0.3", "--seed", "5"]
 
@@ -38,7 +38,7 @@ def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
     os.killpg(job.pid, signal.SIGKILL)  # the whole job dies at once, mid-step: no goodbye
     job.wait(timeout=30)
-    assert mpich_segments() <= segments  # nothing left in /dev/shm to hang a later job (pgc_mpi.shm)
+    assert not leaked_segments(segments)  # nothing left in /dev/shm to hang a later job (pgc_mpi.shm)
     latest = sorted((cut / "checkpoints").glob("ckpt-*.h5"))[-1]
     at = int(latest.stem.split("-")[1])
     proc = run_train(4, ["--scheme", "dgd", "--steps", "24", "--resume", "latest", "--record-params",

@@ -65,7 +65,7 @@ def test_command_line_reports_what_it_removed(tmp_path):
 def test_pgc_train_removes_what_a_killed_mpi_job_left(tmp_path):
     """The real failure: an MPI program killed with SIGKILL leaves its start-up segment in /dev/shm
     (MPICH removes it only in MPI_Finalize). pgc-train's ranks remove it before their MPI_Init."""
-    from helpers import MPIEXEC, mpi_env, mpich_segments, run_train
+    from helpers import MPIEXEC, leaked_segments, mpi_env, mpich_segments, run_train
 
     hold = "from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); print('up', flush=True); import time; time.sleep(120)"
     before = mpich_segments()
@@ -76,7 +76,7 @@ def test_pgc_train_removes_what_a_killed_mpi_job_left(tmp_path):
     finally:
         os.killpg(job.pid, 9)
         job.wait(timeout=30)
-    left = mpich_segments() - before
+    left = leaked_segments(before)
     if not left:
         pytest.skip("this MPI library leaves no start-up segment behind when killed")
     for name in left:  # as if the kill happened a while ago (fresh segments may be a job starting)

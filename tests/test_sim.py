@@ -119,3 +119,18 @@ def test_cli_prints_the_comparison(capsys):
 def test_cli_rejects_unknown_scheme(capsys):
     assert sim_main(["--schemes", "dgd,nope"]) == 2
     assert "unknown scheme" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("deadline", "policy", "message"), [
+    (0.0, "wait", "--deadline must be a number > 0"),
+    (float("nan"), "wait", "--deadline must be a number > 0"),
+    (1.0, "panic", "--on-deadline 'panic' is not one of: wait, partial, fail"),
+])
+def test_simulator_refuses_a_bad_deadline_like_pgc_train(deadline, policy, message):
+    from pgc_mpi.config import TrainConfig
+    from pgc_mpi.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        SimConfig(scheme="dgd", n=4, s=0, steps=3, deadline=deadline, on_deadline=policy)
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(deadline=deadline, on_deadline=policy).validate(workers=4)
