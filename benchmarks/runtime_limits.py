@@ -54,19 +54,19 @@ def pingpong(comm: MPI.Comm, d: int, reps: int) -> float:
     return float(np.median(times)) if times else 0.0
 
 
-def master_steps(comm: MPI.Comm, d: int, steps: int) -> dict[str, float]:
+def master_steps(comm: MPI.Comm, d: int, steps: int, poll: float) -> dict[str, float]:
     """Per-step cost of the real master loop with instantly answering workers."""
     n = comm.size - 1
     layout = Layout(8, d, np.float32)
     if comm.rank > 0:
-        link = WorkerTransport(comm, layout, poll_interval=0.0005)
+        link = WorkerTransport(comm, layout, poll_interval=poll)
         link.payload[:] = 1.0
         while (step := link.next_model()) is not None:
             link.header[0] = step
             link.send()
         link.confirm_stop()
         return {}
-    link = MasterTransport(comm, n, layout, poll_interval=0.0005)
+    link = MasterTransport(comm, n, layout, poll_interval=poll)
     w = np.zeros(d, dtype=np.float32)
     opt = FlatOptimizer(w, "sgd", 0.01)
     for i in range(n):
@@ -120,13 +120,14 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 11_200_000])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--poll-interval", type=float, default=0.0005, help="seconds (pgc-train's --poll-interval)")
     args = p.parse_args()
     comm = duplicate_world()
     n = comm.size - 1
     rows = []
     for d in args.sizes:
         one_way = pingpong(comm, d, args.reps)
-        cost = master_steps(comm, d, args.steps)
+        cost = master_steps(comm, d, args.steps, args.poll_interval)
         if comm.rank == 0:
             comm_time = cost["step"] - cost["decode_update"]
             row = {"d": d, "workers": n, "MB_per_message": d * 4 / 1e6, "pingpong_one_way_ms": one_way * 1e3,

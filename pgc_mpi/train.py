@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import os
@@ -190,6 +191,10 @@ def cli() -> None:
 
     Everything is written and closed by then; skipping the interpreter's teardown (seconds
     with torch loaded, times every rank on an oversubscribed node) makes jobs end promptly.
+    The exit is the C library's exit(), not os._exit(): MPICH tells its process manager that
+    the rank finished in a C atexit handler, and a rank that leaves without saying so makes
+    MPICH's mpiexec SIGKILL every rank still exiting (the job then ends with status 9 after a
+    successful run; measured: 1 run in 20 with 7 ranks on 2 cores).
     """
     code = main()
     sys.stdout.flush()
@@ -198,7 +203,8 @@ def cli() -> None:
 
     if MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()
-    os._exit(code)
+    ctypes.CDLL(None).exit(code)
+    os._exit(code)  # not reached
 
 
 if __name__ == "__main__":

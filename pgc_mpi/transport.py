@@ -38,6 +38,24 @@ class Layout:
         return buf[: 8 * self.header].view(np.float64), buf[8 * self.header:].view(self.dtype)
 
 
+class Backoff:
+    """The sleeps of one polling wait: they start at FLOOR and double up to `ceiling` (the
+    configured poll interval). A message about to land is seen within tens of microseconds, a
+    long wait costs a few wake-ups more than fixed sleeps, and no loop ever spins: ranks often
+    share cores with the workers they wait for (a spinning master slowed them 25-29%)."""
+
+    FLOOR = 50e-6
+
+    def __init__(self, ceiling: float):
+        self.ceiling = ceiling
+        self.delay = min(self.FLOOR, ceiling)
+
+    def sleep(self) -> None:
+        """Sleep the current delay, then double it (up to the ceiling)."""
+        time.sleep(self.delay)
+        self.delay = min(2 * self.delay, self.ceiling)
+
+
 def duplicate_world(comm: MPI.Comm | None = None) -> MPI.Comm:
     """Our own communicator, so our messages never match the user's (COMM_WORLD's) ones.
 
@@ -102,6 +120,7 @@ class MasterTransport:
 
     def poll(self, until: float) -> list[int]:
         """Workers whose gradient has arrived, waiting at most until time.monotonic() == until."""
+        backoff = Backoff(self.poll_interval)
         while True:
             good = self._completed()
             if good:
@@ -109,7 +128,7 @@ class MasterTransport:
                 return good
             if time.monotonic() >= until:
                 return []
-            time.sleep(self.poll_interval)
+            backoff.sleep()
 
     def _completed(self) -> list[int]:
         """Workers whose receive has completed with a well-formed message (one Testsome pass).
@@ -225,6 +244,7 @@ class WorkerTransport:
         """
         self.stopped = False
         got = None
+        backoff = Backoff(self.poll_interval)
         while True:
             misses = 0
             while misses < 3:  # a few probes: one progress call may not surface every message
@@ -239,7 +259,7 @@ class WorkerTransport:
                 got, misses = int(self.model_header[0]), 0
             if got is not None or not block:
                 return got
-            time.sleep(self.poll_interval)
+            backoff.sleep()
 
     def stop_requested(self) -> bool:
         """Whether a stop message is waiting (used to cut injected delays short)."""
@@ -250,8 +270,9 @@ class WorkerTransport:
         (`nbytes` other than the message size is for fault injection only.)"""
         buf = self._send_buf if nbytes is None else np.zeros(nbytes, dtype=np.uint8)
         req = self.comm.Isend([buf, MPI.BYTE], dest=0, tag=TAG_GRAD)
+        backoff = Backoff(self.poll_interval)
         while not req.Test():
-            time.sleep(self.poll_interval)
+            backoff.sleep()
 
     def confirm_stop(self) -> None:
         """Tell the master this worker is done and will send nothing more."""
