@@ -142,7 +142,7 @@ _HELP = {
     "out": "output directory for config.json and metrics.jsonl (default runs/<scheme>-<time>)",
     "dtype": "float32 or float64 for parameters, gradients and messages",
     "grace": "seconds to wait for workers to stop at the end before abandoning hung ones",
-    "poll_interval": "seconds the master sleeps between polls of its receives",
+    "poll_interval": "longest sleep in seconds between two polls of pending messages (sleeps start at 50 µs, double)",
     "threads": "torch threads per rank",
     "eval_train": "evaluate on the full training split too (--no-eval-train: test split only; "
                   "--target-loss then uses the recent minibatch losses)",
