@@ -53,6 +53,11 @@ def mapped_segments(maps_files: list[Path], directory: Path = SHM_DIR) -> set[Pa
     return found
 
 
+def segments_in_use(directory: Path = SHM_DIR) -> set[Path]:
+    """MPICH segment files under `directory` that some process we can see maps now."""
+    return mapped_segments(list(Path("/proc").glob("[0-9]*/maps")), directory)
+
+
 def unlink_own_segments(directory: Path = SHM_DIR) -> list[Path]:
     """Unlink the MPICH segments this process maps. Call it only after every rank of the job
     has finished MPI_Init (e.g. after a collective on COMM_WORLD): a rank still starting
@@ -77,7 +82,7 @@ def remove_stale(directory: Path = SHM_DIR, min_age: float = 10.0) -> list[Path]
     candidates = [p for p in directory.iterdir() if p.name.startswith(PREFIXES)]
     if not candidates:
         return []
-    in_use = mapped_segments(list(Path("/proc").glob("[0-9]*/maps")), directory)
+    in_use = segments_in_use(directory)
     now = time.time()
     removed = []
     for path in sorted(candidates):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import hashlib
-import os
 import platform
 import sys
 import time
@@ -204,7 +203,6 @@ def cli() -> None:
     if MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()
     ctypes.CDLL(None).exit(code)
-    os._exit(code)  # not reached
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def leaked_segments(before: set[str]) -> set[str]:
     new = mpich_segments() - before
     if not new:
         return set()
-    in_use = shm.mapped_segments(list(Path("/proc").glob("[0-9]*/maps")))
+    in_use = shm.segments_in_use()
     return {name for name in new if Path("/dev/shm") / name not in in_use}
 
 
