@@ -52,6 +52,30 @@ class Checkpoint:
     rng: torch.Tensor
 
 
+def run_identity(scheme, dim: int, *, dtype: str, model: str, dataset: str, seed: int) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed by a run: the scheme's shape, the model, the
+    data, the dtype and the seed (everything random in a run follows from the seed)."""
+    return {"scheme": scheme.name, "n": scheme.n, "s": scheme.s, "c": scheme.c, "dim": dim, "dtype": dtype,
+            "model": model, "dataset": dataset, "seed": seed}
+
+
+@dataclass(frozen=True)
+class Checkpointer:
+    """Writes one run's checkpoints into `directory`: its identity and configuration go into
+    every file, and only the newest `keep` are kept."""
+
+    directory: Path
+    identity: dict[str, Any]
+    config: dict[str, Any]
+    keep: int = 3
+
+    def save(self, step: int, params: np.ndarray, optimizer: torch.optim.Optimizer,
+             encoding: np.ndarray | None = None, table=None) -> Path:
+        """Write the checkpoint of the state before `step` (see `save`)."""
+        return save(self.directory, step, params, optimizer, self.identity, self.config, encoding=encoding,
+                    table=table, keep=self.keep)
+
+
 def save(directory: Path, step: int, params: np.ndarray, optimizer: torch.optim.Optimizer, identity: dict[str, Any],
          config: dict[str, Any], encoding: np.ndarray | None = None, table=None, keep: int = 3) -> Path:
     """Write the checkpoint of the state before `step` and drop all but the newest `keep`."""

@@ -1,31 +1,29 @@
-"""The master's per-step bookkeeping for coded schemes, with no clock and no MPI.
+"""The master's per-step rules, one collector per kind of scheme, with no clock and no MPI.
 
-The MPI master and the simulator both feed it the messages they see (worker, step, buffer
-versions) and ask it whether the step can be decoded and with which weights; the deadline
-policy is applied here too, so both drivers take the same decisions on the same arrivals.
+The MPI master, the simulator and `replay` all drive a collector through the same calls:
+`begin(step)`, `offer(message, payload)` for every message that arrives, `ready()`, `decode()`
+(or `on_deadline(policy)` when the deadline passes), then `record(decoded, missed)` for the
+step's log line. So both drivers take the same decisions on the same arrivals, and a step
+record has one layout whoever wrote it.
+
+- CodedCollector (every scheme but pbs): one coded message per worker and step, decoded with
+  the scheme's weights. Decoders whose weights are one common factor (averages, FR groups)
+  add each counted message into the gradient as it arrives (`streams`); the others hold the
+  payloads until the decode (`held`: the driver must not reuse those buffers before then).
+- TableCollector (pbs): every message is one partition's gradient and goes into the
+  partition table; the step is ready when the table is fresh.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConfigError, NotDecodable, PgcError
-from .schemes import CodedScheme
-
-DEADLINE_POLICIES = ("wait", "partial", "fail")
-
-
-def check_deadline(deadline: float | None, policy: str) -> None:
-    """Raise ConfigError unless `deadline` is None or a number > 0 and `policy` is a known one
-    (the same rule for pgc-train's and the simulator's configurations)."""
-    if deadline is not None and not (isinstance(deadline, (int, float)) and math.isfinite(deadline) and deadline > 0):
-        raise ConfigError(f"--deadline must be a number > 0, got {deadline!r}")
-    if policy not in DEADLINE_POLICIES:
-        raise ConfigError(f"--on-deadline {policy!r} is not one of: {', '.join(DEADLINE_POLICIES)}")
+from .errors import NotDecodable, PgcError
+from .message import Message, MessageRecord
+from .schemes import CodedScheme, PbsScheme
 
 
 class DeadlineMissed(PgcError):
@@ -34,75 +32,143 @@ class DeadlineMissed(PgcError):
 
 @dataclass
 class Decoded:
-    """The outcome of a step: weights over all n workers and what they were computed from."""
+    """The outcome of a step: which messages entered the gradient and how exact it is.
 
-    weights: np.ndarray
+    `weights` are the decode weights over all n workers (None for pbs, whose gradient is the
+    table's mean); `residual` is ||a^T B - 1/n|| (pbs: the same for the table's coverage)."""
+
+    weights: np.ndarray | None
     used: list[int]
     residual: float
     max_staleness: int
     partial: bool
 
 
-@dataclass
-class StepCollector:
-    """Arrivals of one step, in order, and the verdict on every message offered."""
+class _Collector:
+    """What both collectors share: the step, its arrivals, messages and losses."""
 
-    scheme: CodedScheme
-    max_staleness: int | None = None
-    step: int = -1
-    arrived: list[int] = field(default_factory=list)
-    versions: dict[int, list[int]] = field(default_factory=dict)
-    late: int = 0
-    rejected: list[int] = field(default_factory=list)
+    waits_for_answer: bool  # whether a worker waits for a new model after each message
+
+    def __init__(self, n: int, grad: np.ndarray, max_staleness: int | None):
+        self.n, self.grad, self.max_staleness = n, grad, max_staleness
+        self.step = -1
+        self.begin(0)
 
     def begin(self, step: int) -> None:
-        """Start collecting for `step`."""
+        """Start collecting for `step` (zeroes the gradient buffer)."""
         self.step = step
-        self.arrived, self.versions, self.late, self.rejected = [], {}, 0, []
+        self.arrived: list[int] = []
+        self.late = 0
+        self.rejected: list[int] = []  # over --max-staleness
+        self.messages: list[MessageRecord] = []
+        self.losses: list[tuple[int, float]] = []  # (worker, minibatch loss) of each message accepted
+        self.held: dict[int, np.ndarray] = {}  # payloads kept for the decode: not to be overwritten before
+        self.grad[...] = 0.0
+
+    def note_rejected(self, worker: int) -> None:
+        """Record a message the driver refused before offering it (malformed, non-finite)."""
+        self.messages.append(MessageRecord.rejected(worker))
+
+    def _too_stale(self, oldest: int) -> bool:
+        return self.max_staleness is not None and self.step - oldest > self.max_staleness
+
+    def waiting_for(self) -> list[int]:
+        """Workers with no message accepted this step."""
+        return [i for i in range(self.n) if i not in self.arrived]
+
+    def record(self, dec: Decoded, missed: bool) -> dict:
+        """The scheme's part of the step record (the driver adds its clock and counters)."""
+        used = set(dec.used)
+        messages = [m._replace(verdict="used") if m.verdict == "accepted" and m.worker in used else m
+                     for m in self.messages]
+        return {"arrivals": list(self.arrived), "used": list(dec.used), "late": self.late,
+                "rejected": list(self.rejected), "deadline_missed": missed, "partial": dec.partial,
+                "residual": dec.residual, "max_staleness": dec.max_staleness, "messages": messages,
+                "train_loss": self._train_loss(dec.used)}
+
+    def _train_loss(self, used: list[int]) -> float:
+        """Mean minibatch loss of the messages that entered the update."""
+        chosen = set(used)
+        losses = [loss for worker, loss in self.losses if worker in chosen]
+        return float(np.mean(losses)) if losses else math.nan
+
+
+class CodedCollector(_Collector):
+    """Arrivals of one step of a coded scheme, in order, and the verdict on every message."""
+
+    waits_for_answer = True
+
+    def __init__(self, scheme: CodedScheme, grad: np.ndarray, max_staleness: int | None = None):
+        self.scheme = scheme
+        super().__init__(scheme.n, grad, max_staleness)
+
+    def begin(self, step: int) -> None:
+        super().begin(step)
+        self.versions: dict[int, list[int]] = {}
+        self.summed: list[int] = []  # messages already added into grad (streaming decoders)
         self._tracker = self.scheme.tracker()
 
-    def offer(self, worker: int, step: int, versions: Sequence[int]) -> str:
-        """Record a message; returns 'accepted', 'late', 'stale', 'duplicate', 'unknown' or 'future'."""
-        if step < self.step:
-            self.late += 1
-            return "late"
-        if step > self.step:
-            return "future"
-        if not 0 <= worker < self.scheme.n:
-            return "unknown"
-        if worker in self.versions:
-            return "duplicate"
-        if self.max_staleness is not None and self.step - min(versions) > self.max_staleness:
-            self.rejected.append(worker)
-            return "stale"
-        self.arrived.append(worker)
-        self.versions[worker] = list(versions)
-        self._tracker.add(worker)
-        return "accepted"
+    def offer(self, msg: Message, payload: np.ndarray) -> str:
+        """Record a message; returns 'accepted', 'late', 'stale', 'duplicate', 'unknown' or 'future'.
 
-    @property
-    def last_counted(self) -> bool:
-        """Whether the last accepted message enters a streaming decoder's sum (see ReadyTracker)."""
-        return self._tracker.counted
+        Only 'accepted', 'late' and 'stale' are recorded; the others are the driver's to reject."""
+        if msg.step > self.step:
+            return "future"
+        if not 0 <= msg.worker < self.n:
+            return "unknown"
+        if msg.step < self.step:
+            self.late += 1
+            verdict = "late"
+        elif msg.worker in self.versions:
+            return "duplicate"
+        elif self._too_stale(min(msg.versions)):
+            self.rejected.append(msg.worker)
+            verdict = "stale"
+        else:
+            verdict = "accepted"
+            self._accept(msg, payload)
+        self.messages.append(msg.record(verdict))
+        return verdict
+
+    def _accept(self, msg: Message, payload: np.ndarray) -> None:
+        i = msg.worker
+        self.arrived.append(i)
+        self.versions[i] = list(msg.versions)
+        self.losses.append((i, msg.loss))
+        self._tracker.add(i)
+        if not self.scheme.streams:
+            self.held[i] = payload
+        elif self._tracker.counted:  # decode while waiting: add it now
+            self.grad += payload
+            self.summed.append(i)
 
     def ready(self) -> bool:
         """Whether the scheme's decode condition holds for the arrivals so far."""
         return self._tracker.is_ready()
 
     def decode(self, partial: bool = False) -> Decoded:
-        """Decode weights for the arrivals (NotDecodable when they are not enough)."""
+        """g_hat = sum_i a_i m_i into the gradient buffer (NotDecodable when the arrivals are not enough).
+
+        A streaming decoder has summed its messages already (their weights are one common
+        factor): only the scaling is left. Otherwise the held payloads are combined now."""
         a = self.scheme.decode_weights(self.arrived, partial=partial)
         used = [i for i in self.arrived if a[i] != 0.0]
+        if self.summed:
+            if self.summed != used:
+                raise RuntimeError(f"streamed {self.summed} but the decoder used {used}")
+            self.grad *= self.grad.dtype.type(a[used[0]])
+        else:
+            for i in used:
+                self.grad += self.grad.dtype.type(a[i]) * self.held[i]
         stale = max((self.step - min(self.versions[i]) for i in used), default=0)
         return Decoded(a, used, self.scheme.residual(a), stale, partial)
 
     def on_deadline(self, policy: str) -> Decoded | None:
         """Apply the deadline policy: a partial decode, None to keep waiting, or DeadlineMissed."""
         if policy == "fail":
-            missing = sorted(set(range(self.scheme.n)) - set(self.arrived))
             raise DeadlineMissed(
                 f"step {self.step}: {self.scheme.name} could not decode by the deadline "
-                f"({len(self.arrived)} of {self.scheme.n} workers arrived; missing workers {missing})"
+                f"({len(self.arrived)} of {self.n} workers arrived; missing workers {self.waiting_for()})"
             )
         if policy == "partial":
             try:
@@ -110,3 +176,71 @@ class StepCollector:
             except NotDecodable:
                 return None
         return None
+
+    def record(self, dec: Decoded, missed: bool) -> dict:
+        return {**super().record(dec, missed), "versions": dict(self.versions)}
+
+
+class TableCollector(_Collector):
+    """pbs: every message is one partition's gradient for the partition table.
+
+    A newer gradient replaces its partition's entry; the step is ready once every entry is
+    younger than the window and at least one message arrived this step."""
+
+    waits_for_answer = False
+
+    def __init__(self, scheme: PbsScheme, grad: np.ndarray, max_staleness: int | None = None):
+        self.scheme = scheme
+        self.table = scheme.new_table(grad.size, grad.dtype)
+        super().__init__(scheme.n, grad, max_staleness)
+
+    def offer(self, msg: Message, payload: np.ndarray) -> str:
+        """Offer a partition gradient to the table; returns 'used' (it replaced the entry),
+        'stale' (older than the entry, or over --max-staleness), or 'unknown' (bad ids)."""
+        if not (0 <= msg.worker < self.n and 0 <= msg.partition < self.n) or msg.step > self.step:
+            return "unknown" if msg.step <= self.step else "future"
+        if self._too_stale(msg.step):
+            self.rejected.append(msg.worker)
+            verdict = "stale"
+        else:
+            verdict = "used" if self.table.offer(msg.partition, msg.step, payload) else "stale"
+            self.arrived.append(msg.worker)
+            self.losses.append((msg.worker, msg.loss))
+        self.messages.append(msg.record(verdict))
+        return verdict
+
+    def ready(self) -> bool:
+        """Whether the table is fresh at this step and something arrived since the last one."""
+        return bool(self.arrived) and self.table.ready(self.step)
+
+    def decode(self, partial: bool = False) -> Decoded:
+        """The table's mean into the gradient buffer. A partial decode uses whatever the table
+        holds; partitions never filled count as zero gradients (their weight is missing)."""
+        if not partial and not self.ready():
+            raise NotDecodable(f"pbs: partitions {self.table.missing(self.step)} have no fresh gradient")
+        self.table.mean(out=self.grad)
+        ages = self.table.ages(self.step)
+        residual = float(np.sqrt(np.count_nonzero(ages < 0))) / self.n
+        return Decoded(None, list(self.arrived), residual, int(ages.max()), partial)
+
+    def on_deadline(self, policy: str) -> Decoded | None:
+        """The deadline policy for the table: decode what it holds, keep waiting, or fail."""
+        if policy == "fail":
+            raise DeadlineMissed(f"step {self.step}: pbs table lacks fresh gradients of partitions "
+                                 f"{self.table.missing(self.step)} at the deadline")
+        return self.decode(partial=True) if policy == "partial" else None
+
+    def waiting_for(self) -> list[int]:
+        """For pbs: the partitions without a fresh gradient (every worker computes all the time)."""
+        return self.table.missing(self.step)
+
+    def record(self, dec: Decoded, missed: bool) -> dict:
+        return {**super().record(dec, missed), "ages": self.table.ages(self.step).tolist()}
+
+
+def make_collector(scheme: CodedScheme | PbsScheme, grad: np.ndarray,
+                   max_staleness: int | None = None) -> CodedCollector | TableCollector:
+    """The collector of a scheme, decoding into `grad` (the optimizer's gradient buffer)."""
+    if isinstance(scheme, PbsScheme):
+        return TableCollector(scheme, grad, max_staleness)
+    return CodedCollector(scheme, grad, max_staleness)

@@ -1,7 +1,14 @@
-"""The training run's configuration: one frozen dataclass, filled from flags and a TOML file.
+"""Run configurations: the settings pgc-train and pgc-sim share, and each command's own.
 
-Precedence: built-in defaults < --config FILE.toml < command-line flags. Everything is validated
-once, here, with messages that say what to change.
+CoreConfig holds what means the same in both commands (scheme, s, c, steps, optimizer, delays,
+deadline, seed) with one set of defaults and one validation; TrainConfig (pgc-train) and
+SimConfig (pgc-sim, the simulator) extend it. pgc-train's precedence: built-in defaults <
+--config FILE.toml < command-line flags. Everything is validated here, with messages that say
+what to change.
+
+This module imports neither torch nor mpi4py (`pgc-train --help`, a configuration error on rank
+0, `pgc-sim --help` and `pgc-bench --dry-run` stay fast): the names it checks against come from
+pgc_mpi.choices.
 """
 
 from __future__ import annotations
@@ -10,7 +17,8 @@ import argparse
 import dataclasses
 import math
 import sys
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Mapping
+from dataclasses import Field, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +27,27 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .collector import check_deadline
-from .datasets import BUILTIN
+from .choices import BUILTIN_DATASETS, DEADLINE_POLICIES, DTYPE_NAMES, MODELS, OPTIMIZERS
 from .errors import ConfigError
+from .faults import KINDS as FAULT_KINDS
 from .faults import parse_faults
-from .models import DTYPES, MODELS
-from .optim import OPTIMIZERS
 from .schemes import SCHEME_NAMES, make_scheme
+from .stragglers import USAGE as DELAY_USAGE
 from .stragglers import DelayModel
 
 
+def check_deadline(deadline: float | None, policy: str) -> None:
+    """Raise ConfigError unless `deadline` is None or a number > 0 and `policy` is a known one
+    (the same rule for pgc-train's and the simulator's configurations)."""
+    if deadline is not None and not (_is_number(deadline) and math.isfinite(deadline) and deadline > 0):
+        raise ConfigError(f"--deadline must be a number > 0, got {deadline!r}")
+    if policy not in DEADLINE_POLICIES:
+        raise ConfigError(f"--on-deadline {policy!r} is not one of: {', '.join(DEADLINE_POLICIES)}")
+
+
 @dataclass(frozen=True)
-class TrainConfig:
-    """Every setting of a pgc-train run (see `pgc-train --help` for what each means)."""
+class CoreConfig:
+    """The settings pgc-train and pgc-sim share: the same names, meanings and defaults in both."""
 
     scheme: str = "pgc-cr"
     stragglers: int = 1
@@ -40,14 +56,60 @@ class TrainConfig:
     lr: float = 0.5
     optimizer: str = "sgd"
     momentum: float = 0.9
-    batch_size: int = 32
-    dataset: str = "digits"
-    model: str = "logreg"
-    seed: int = 0
+    delay: str = "none"
     deadline: float | None = None
     on_deadline: str = "wait"
     max_staleness: int | None = None
-    delay: str = "none"
+    seed: int = 0
+
+    def validate_core(self, workers: int) -> None:
+        """Check the shared fields, then that the scheme, s, c and the delay model fit `workers` workers."""
+        if self.scheme not in SCHEME_NAMES:
+            raise ConfigError(f"unknown scheme {self.scheme!r}; choose one of: {', '.join(SCHEME_NAMES)}")
+        _nonnegative_int("stragglers", self.stragglers)
+        _positive_int("steps", self.steps)
+        _positive("lr", self.lr)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        if not (_is_number(self.momentum) and 0 <= self.momentum < 1):
+            raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum!r}")
+        if not isinstance(self.delay, str):
+            raise ConfigError(f"--delay must be a string ({DELAY_USAGE}), got {self.delay!r}")
+        check_deadline(self.deadline, self.on_deadline)
+        if self.max_staleness is not None:
+            _nonnegative_int("max-staleness", self.max_staleness)
+        # numpy's seeded generators (partitions, minibatches, delays) reject negative seeds
+        _nonnegative_int("seed", self.seed)
+        if not _is_int(workers) or workers < 1:
+            raise ConfigError(self._too_few_workers(workers))
+        try:
+            make_scheme(self.scheme, workers, self.stragglers, seed=self.seed, c=self.c)
+        except ConfigError:
+            raise
+        except ValueError as exc:  # SchemeError: say which worker count it was checked against
+            raise ConfigError(f"{exc} (with {self._describe_workers(workers)})") from None
+        DelayModel(self.delay, workers, seed=self.seed)
+
+    def _too_few_workers(self, workers: object) -> str:
+        return f"--workers must be a positive integer, got {workers!r}"
+
+    def _describe_workers(self, workers: int) -> str:
+        return f"{workers} workers"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration as plain JSON-able values."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainConfig(CoreConfig):
+    """Every setting of a pgc-train run (see `pgc-train --help` for what each means).
+
+    Not validated on construction: the worker count is the MPI world size, known only on rank 0
+    at run time, so call validate(workers)."""
+
+    batch_size: int = 32
+    dataset: str = "digits"
+    model: str = "logreg"
     fault: str | None = None
     eval_every: int = 20
     target_loss: float | None = None
@@ -64,54 +126,73 @@ class TrainConfig:
 
     def validate(self, workers: int) -> None:
         """Check every field and the fit of the scheme to `workers` (world size - 1)."""
-        if self.scheme not in SCHEME_NAMES:
-            raise ConfigError(f"unknown scheme {self.scheme!r}; choose one of: {', '.join(SCHEME_NAMES)}")
-        _positive_int("steps", self.steps)
+        self.validate_core(workers)
         _positive_int("batch-size", self.batch_size)
         _positive_int("eval-every", self.eval_every)
         _positive_int("threads", self.threads)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("model", self.model, MODELS)
-        _choice("dtype", self.dtype, tuple(DTYPES))
-        _positive("lr", self.lr)
+        _choice("dtype", self.dtype, DTYPE_NAMES)
         _positive("grace", self.grace)
         _positive("poll-interval", self.poll_interval)
-        check_deadline(self.deadline, self.on_deadline)
-        if self.target_loss is not None and not math.isfinite(self.target_loss):
+        if self.target_loss is not None and not (_is_number(self.target_loss) and math.isfinite(self.target_loss)):
             raise ConfigError(f"--target-loss must be a finite number, got {self.target_loss}")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum}")
         if self.checkpoint_every is not None:
             _positive_int("checkpoint-every", self.checkpoint_every)
         _positive_int("keep-checkpoints", self.keep_checkpoints)
         if self.resume == "latest" and self.out is None:
             raise ConfigError("--resume latest needs --out DIR (the run directory whose checkpoints to use)")
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ConfigError(f"--max-staleness must be >= 0, got {self.max_staleness}")
-        if workers < 1:
-            raise ConfigError("pgc-train needs at least 2 MPI ranks (rank 0 is the master, the rest are "
-                              "workers): run it under mpiexec -n N+1 with N >= 1 workers")
-        try:
-            make_scheme(self.scheme, workers, self.stragglers, seed=self.seed, c=self.c)
-        except ConfigError:
-            raise
-        except ValueError as exc:
-            raise ConfigError(f"{exc} (with {workers} workers = MPI world size {workers + 1} - 1)") from None
-        DelayModel(self.delay, workers, seed=self.seed)
         parse_faults(self.fault, workers)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The configuration as plain JSON-able values."""
-        return dataclasses.asdict(self)
+    def _too_few_workers(self, workers: object) -> str:
+        return ("pgc-train needs at least 2 MPI ranks (rank 0 is the master, the rest are workers): run it under "
+                "mpiexec -n N+1 with N >= 1 workers")
+
+    def _describe_workers(self, workers: int) -> str:
+        return f"{workers} workers = MPI world size {workers + 1} - 1"
+
+
+@dataclass(frozen=True)
+class SimConfig(CoreConfig):
+    """One simulated run (pgc-sim, pgc_mpi.sim.simulate), validated on construction.
+
+    workers: simulated workers; compute_time: simulated seconds of one partition gradient;
+    target_gap: stop once the optimality gap F(w) - F* is at most this (None: run all steps).
+    """
+
+    workers: int = 12
+    compute_time: float = 1.0
+    target_gap: float | None = None
+
+    def __post_init__(self) -> None:
+        self.validate_core(self.workers)
+        _positive("compute-time", self.compute_time)
+        if self.target_gap is not None and not (_is_number(self.target_gap) and 0 <= self.target_gap < math.inf):
+            raise ConfigError(f"--target-gap must be a finite number >= 0, got {self.target_gap!r}")
+
+
+CORE_FIELDS = tuple(f.name for f in fields(CoreConfig))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _positive_int(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not _is_int(value) or value < 1:
         raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
 
 
+def _nonnegative_int(name: str, value: int) -> None:
+    if not _is_int(value) or value < 0:
+        raise ConfigError(f"--{name} must be an integer >= 0, got {value!r}")
+
+
 def _positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+    if not (_is_number(value) and math.isfinite(value) and value > 0):
         raise ConfigError(f"--{name} must be a number > 0, got {value!r}")
 
 
@@ -120,27 +201,28 @@ def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
         raise ConfigError(f"--{name} {value!r} is not one of: {', '.join(options)}")
 
 
+# One help text per field, without its default: the parsers append the default (once).
 _HELP = {
     "scheme": f"straggler scheme: {', '.join(SCHEME_NAMES)}",
     "stragglers": "s, the stragglers tolerated per step",
-    "c": "partitions per worker for is-gc-fr/is-gc-cr (default s+1)",
+    "c": "partitions per worker for is-gc-fr/is-gc-cr",
     "steps": "training steps (model updates)",
     "lr": "learning rate",
     "optimizer": f"master's optimizer: {', '.join(OPTIMIZERS)}",
     "momentum": "momentum of --optimizer momentum",
-    "batch_size": "minibatch size per partition gradient",
-    "dataset": f"built-in data set ({', '.join(BUILTIN)}) or an HDF5 file made by `python -m data_prep`",
-    "model": f"model: {', '.join(MODELS)}",
-    "seed": "seed of model, partitions, minibatches, encoding and delays",
-    "deadline": "seconds the master waits per step before --on-deadline applies (default: no deadline)",
+    "delay": f"straggler injection, extra seconds per worker and step: {DELAY_USAGE}",
+    "deadline": "seconds the master waits per step before --on-deadline applies",
     "on_deadline": "on a missed deadline: wait (keep waiting), partial (decode what arrived), fail",
     "max_staleness": "reject messages whose oldest buffer is older than this many steps",
-    "delay": "straggler injection: none, exp:MEAN, fixed:W1,W2:SEC, random:K:SEC, hang:W@STEP (join with +)",
-    "fault": "fault injection for testing: nan:W@STEP, inf:W@STEP, badsize:W@STEP, die:W@STEP (join with +)",
+    "seed": "seed of data, model, partitions, minibatches, encoding and delays",
+    "batch_size": "minibatch size per partition gradient",
+    "dataset": f"built-in data set ({', '.join(BUILTIN_DATASETS)}) or an HDF5 file made by `python -m data_prep`",
+    "model": f"model: {', '.join(MODELS)}",
+    "fault": f"fault injection for testing: {', '.join(f'{k}:W@STEP' for k in FAULT_KINDS)} (join with +)",
     "eval_every": "evaluate on the full train and test sets every this many steps",
     "target_loss": "stop once the full training loss is at most this",
-    "out": "output directory for config.json and metrics.jsonl (default runs/<scheme>-<time>)",
-    "dtype": "float32 or float64 for parameters, gradients and messages",
+    "out": "output directory for config.json and metrics.jsonl",
+    "dtype": f"{' or '.join(DTYPE_NAMES)} for parameters, gradients and messages",
     "grace": "seconds to wait for workers to stop at the end before abandoning hung ones",
     "poll_interval": "longest sleep in seconds between two polls of pending messages (sleeps start at 50 µs, double)",
     "threads": "torch threads per rank",
@@ -153,6 +235,65 @@ _HELP = {
     "record_params": "also write params.npy with the parameters after every step (small models only)",
 }
 
+# How a None default reads in the help ("none" unless said here).
+_NONE_DEFAULT = {
+    "c": "s+1",
+    "deadline": "no deadline",
+    "max_staleness": "no limit",
+    "target_loss": "none, run all --steps",
+    "out": "runs/<scheme>-<time>",
+    "checkpoint_every": "none, only when stopped by a signal or asked for",
+    "resume": "none, start afresh",
+}
+
+
+def show_default(name: str, value: Any) -> str:
+    """How the default `value` of option `name` reads in a help text: '(default: ...)'."""
+    if value is None:
+        shown = _NONE_DEFAULT.get(name, "none")
+    elif isinstance(value, bool):
+        shown = "on" if value else "off"
+    else:
+        shown = str(value)
+    return f"(default: {shown})"
+
+
+def _add_field_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, config_fields: Iterable[Field],
+                       defaults: Mapping[str, Any], fill_defaults: bool) -> None:
+    for f in config_fields:
+        flag = "--" + f.name.replace("_", "-")
+        names = ["-s", flag] if f.name == "stragglers" else [flag]
+        default = defaults.get(f.name, f.default)
+        # argparse %-formats help texts: a literal % (none today) must not break --help
+        help_text = f"{_HELP[f.name]} {show_default(f.name, default)}".replace("%", "%%")
+        # without fill_defaults an option not given parses to None, so that a TOML file can fill it
+        parsed_default = default if fill_defaults else None
+        if f.type == "bool":
+            parser.add_argument(*names, action=argparse.BooleanOptionalAction, default=parsed_default,
+                                help=help_text)
+        else:
+            parser.add_argument(*names, type=_arg_type(f.type), default=parsed_default, metavar=f.name.upper(),
+                                help=help_text)
+
+
+def add_core_options(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] | None = None, *,
+                     fill_defaults: bool = True, skip: Iterable[str] = (),
+                     title: str = "shared options (the same in pgc-train and pgc-sim)") -> None:
+    """Add the options of CoreConfig's fields (--scheme, -s/--stragglers, --c, --steps, --lr, ...)
+    to `parser`, in one group, with the same flags and help texts in every command.
+
+    `defaults` overrides a field's default for this command (shown in the help and, with
+    fill_defaults, parsed); without fill_defaults an option not given parses to None. `skip`
+    leaves fields out (pgc-sim has --schemes instead of --scheme).
+    """
+    defaults = dict(defaults or {})
+    unknown = set(defaults) - set(CORE_FIELDS)
+    if unknown:
+        raise ValueError(f"not core fields: {sorted(unknown)}")
+    group = parser.add_argument_group(title)
+    chosen = [f for f in fields(CoreConfig) if f.name not in set(skip)]
+    _add_field_options(group, chosen, defaults, fill_defaults)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The pgc-train argument parser; every option defaults to None so a TOML file can fill it."""
@@ -161,20 +302,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a model on an MPI parameter server with a straggler-tolerant scheme. "
                     "Rank 0 is the master, ranks 1..N are workers: mpiexec -n N+1 pgc-train [options]",
     )
-    p.add_argument("--config", type=Path, default=None, help="TOML file with any of these options")
-    defaults = TrainConfig()
-    for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        names = [flag, "-s"] if f.name == "stragglers" else [flag]
-        help_text = f"{_HELP[f.name]} (default: {getattr(defaults, f.name)})"
-        if f.type == "bool":
-            p.add_argument(*names, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        else:
-            p.add_argument(*names, type=_arg_type(f.type), default=None, metavar=f.name.upper(), help=help_text)
+    p.add_argument("--config", type=Path, default=None,
+                   help="TOML file with any of these options (keys spelled like the flags); flags given too "
+                        "override it (default: none)")
+    add_core_options(p, fill_defaults=False)
+    training = p.add_argument_group("training options")
+    _add_field_options(training, [f for f in fields(TrainConfig) if f.name not in CORE_FIELDS], {},
+                       fill_defaults=False)
     return p
 
 
-def _arg_type(annotation: str):
+def _arg_type(annotation: str) -> type:
     if "int" in annotation:
         return int
     if "float" in annotation:
@@ -190,9 +328,9 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
     if annotation.startswith("bool"):
         ok = isinstance(value, bool)
     elif annotation.startswith("int"):
-        ok = isinstance(value, int) and not isinstance(value, bool)
+        ok = _is_int(value)
     elif annotation.startswith("float"):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = _is_number(value)
         value = float(value) if ok else value
     else:
         ok = isinstance(value, str)

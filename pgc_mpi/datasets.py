@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .choices import BUILTIN_DATASETS
 from .errors import ConfigError
 from .h5format import DataFormatError, open_checked
-
-BUILTIN = ("digits",)
 
 
 @dataclass(frozen=True)
@@ -113,12 +112,12 @@ def load_digits(seed: int = 0) -> ArraySource:
 
 def open_dataset(spec: str, seed: int = 0) -> ArraySource | H5Source:
     """A built-in data set by name ('digits') or an HDF5 file by path."""
-    if spec in BUILTIN:
+    if spec in BUILTIN_DATASETS:
         return load_digits(seed)
     if spec.endswith((".h5", ".hdf5")) or Path(spec).exists():
         try:
             return H5Source(Path(spec))
         except DataFormatError as exc:
             raise ConfigError(f"--dataset {exc}") from None
-    raise ConfigError(f"--dataset {spec!r} is neither a built-in data set ({', '.join(BUILTIN)}) nor an HDF5 file; "
-                      f"convert one with `python -m data_prep`")
+    raise ConfigError(f"--dataset {spec!r} is neither a built-in data set ({', '.join(BUILTIN_DATASETS)}) nor an "
+                      f"HDF5 file; convert one with `python -m data_prep`")

@@ -20,12 +20,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from .choices import DTYPE_NAMES, MODELS
 from .datasets import ArraySource, H5Source
 from .errors import ConfigError
 from .sampling import minibatch_positions, partition_indices
 
-MODELS = ("logreg", "linear", "mlp", "cnn", "resnet18")
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # the torch dtype of each name config accepts
 CALIBRATION_SAMPLES = 4096
 EVAL_BATCH = 1024
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .choices import OPTIMIZERS
 from .errors import ConfigError
-
-OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
 class FlatOptimizer:

@@ -1,11 +1,11 @@
 """Single-process, deterministic simulator of the parameter server, on a simulated clock.
 
-It drives the same scheme objects and the same StepCollector as the MPI runtime, with the same
+It drives the same scheme objects and the same collectors as the MPI master, with the same
 worker semantics: warm-up, slot rotation, stale buffers, decoding from the first arrivals, the
-newest-model rule (a worker that finishes late discards nothing but its late message and starts
-on the newest model), and late messages counted and dropped. A worker's job for step t takes
-compute_time per fresh partition gradient plus the straggler model's delay for (worker, t);
-messages and the master's own work take no simulated time.
+newest-model rule (a worker that finishes late has its message counted and dropped and starts
+on the newest model at once), pbs's continuous computation, deadlines and --max-staleness.
+A worker's job for step t takes compute_time per fresh partition gradient plus the straggler
+model's delay for (worker, t); messages and the master's own work take no simulated time.
 """
 
 from __future__ import annotations
@@ -17,39 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .collector import Decoded, StepCollector, check_deadline
-from .errors import ConfigError
+from .collector import CodedCollector, Decoded, TableCollector, make_collector
+from .config import SimConfig
+from .message import Layout, Message, buffers_per_message, gradient_header
 from .optim import FlatOptimizer
 from .problems import Problem
 from .schemes import CodedScheme, PbsScheme, make_scheme
 from .stragglers import DelayModel
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """One simulated run. compute_time is the simulated seconds of one partition gradient."""
-
-    scheme: str = "pgc-cr"
-    n: int = 12
-    s: int = 1
-    c: int | None = None
-    steps: int = 100
-    lr: float = 0.05
-    optimizer: str = "sgd"
-    delay: str = "none"
-    compute_time: float = 1.0
-    deadline: float | None = None
-    on_deadline: str = "wait"
-    max_staleness: int | None = None
-    target_gap: float | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ConfigError(f"steps must be >= 1, got {self.steps}")
-        if not self.compute_time > 0:
-            raise ConfigError(f"compute_time must be > 0, got {self.compute_time}")
-        check_deadline(self.deadline, self.on_deadline)
 
 
 @dataclass
@@ -72,7 +46,7 @@ class SimResult:
 
 
 class MessageBuilder:
-    """Builds a worker's coded message from its buffers' versions, as the worker would have.
+    """Builds the gradients and coded messages a worker would have sent, from their versions.
 
     A buffer of version v for slot k is the gradient of partition placement[i][k] at the model
     of step max(v, 0) on minibatch draw_index(v, k). Gradients are cached by (partition,
@@ -85,15 +59,18 @@ class MessageBuilder:
         self._cache: dict[tuple[int, int, int], np.ndarray] = {}
 
     def add_model(self, version: int, w: np.ndarray) -> None:
+        """Keep the parameters of model `version` for gradients computed at it."""
         self.models[version] = w.copy()
 
     def gradient(self, partition: int, version: int, draw: int) -> np.ndarray:
+        """The minibatch gradient of `partition` at model `version` (warm-up versions < 0: model 0)."""
         key = (partition, version, draw)
         if key not in self._cache:
             self._cache[key] = self.problem.grad(self.models[max(version, 0)], partition, draw)
         return self._cache[key]
 
     def message(self, worker: int, versions: list[int]) -> np.ndarray:
+        """Worker's coded message m_i = sum_k B[i, placement[i][k]] * buffer_k."""
         coef = self.scheme.coefficients(worker)
         parts = self.scheme.placement[worker]
         out = np.zeros(self.problem.dim)
@@ -109,164 +86,156 @@ class MessageBuilder:
             del self._cache[key]
 
 
-def _apply(opt: FlatOptimizer, builder: MessageBuilder, collector: StepCollector, dec: Decoded) -> None:
-    g = opt.grad
-    g[:] = 0.0
-    for i in dec.used:
-        g += dec.weights[i] * builder.message(i, collector.versions[i])
-    opt.step()
+class SimWorkers:
+    """The workers' side of the simulator: when each job ends and what its message then holds.
+
+    A coded worker's job for step t computes its fresh slots (c gradients for gc-*, one for
+    pgc-*); a pbs worker's job is its next stored partition at the newest model, and a pbs
+    worker starts the next one as soon as it has sent (it never waits for the master).
+    """
+
+    def __init__(self, scheme: CodedScheme | PbsScheme, cfg: SimConfig, builder: MessageBuilder):
+        self.scheme, self.cfg, self.builder = scheme, cfg, builder
+        self.delays = DelayModel(cfg.delay, scheme.n, seed=cfg.seed)
+        self.table = isinstance(scheme, PbsScheme)
+        n = scheme.n
+        self.busy = [False] * n
+        self.until = [0.0] * n  # when each worker's current job ends (inf: it hangs)
+        self.versions = [[] if self.table else scheme.initial_versions() for _ in range(n)]
+        self.count = [0] * n  # pbs: computations started per worker (its slot rotation)
+        self._attempts: dict[tuple[int, int], int] = {}  # pbs: computations per (worker, model)
+        self._events: list[tuple[float, int, int, int, float]] = []  # (end, worker, version, count, delay)
+
+    def first_start(self) -> float:
+        """When the first jobs can start: after the pipelined schemes' warm-up gradients."""
+        return 0.0 if self.table else self.cfg.compute_time * len(self.scheme.warmup_slots(0))
+
+    def start(self, worker: int, version: int, at: float) -> None:
+        """Worker starts a job at model `version` at time `at`."""
+        if self.table:
+            attempt = self._attempts.get((worker, version), 0)
+            self._attempts[(worker, version)] = attempt + 1
+            work, delay = self.cfg.compute_time, self.delays.delay(worker, version, attempt)
+        else:
+            work = self.cfg.compute_time * len(self.scheme.fresh_slots(version, worker))
+            delay = self.delays.delay(worker, version)
+        self.until[worker] = at + work + delay
+        heapq.heappush(self._events, (self.until[worker], worker, version, self.count[worker], delay))
+        self.count[worker] += 1
+        self.busy[worker] = True
+
+    def start_idle(self, version: int, at: float) -> None:
+        """Every worker without a job starts one at model `version`."""
+        for i in range(self.scheme.n):
+            if not self.busy[i]:
+                self.start(i, version, at)
+
+    def next_time(self) -> float:
+        """When the next job ends (inf when none will)."""
+        return self._events[0][0] if self._events else math.inf
+
+    def finish(self) -> tuple[float, Message, np.ndarray]:
+        """End the next job: (time, its message, its payload)."""
+        at, worker, version, count, delay = heapq.heappop(self._events)
+        self.busy[worker] = False
+        if self.table:
+            slot = self.scheme.fresh_slots(count, worker)[0]
+            part = self.scheme.placement[worker][slot]
+            payload = self.builder.gradient(part, version, self.scheme.draw_index(count, slot))
+            return at, Message(version, worker, (version,), partition=part, delay=delay,
+                               compute_time=self.cfg.compute_time), payload
+        fresh = self.scheme.fresh_slots(version, worker)
+        for k in fresh:
+            self.versions[worker][k] = version
+        msg = Message(version, worker, tuple(self.versions[worker]), delay=delay, gradients=len(fresh),
+                      compute_time=self.cfg.compute_time * len(fresh))
+        return at, msg, self.builder.message(worker, self.versions[worker])
+
+    def oldest_version(self) -> int:
+        """The oldest model a live worker's buffers or jobs still refer to (hung workers excluded:
+        their buffers are never sent again and must not pin old models in memory)."""
+        live = [e[2] for e in self._events if e[0] < math.inf]
+        if not self.table:
+            live += [min(self.versions[i]) for i in range(self.scheme.n) if self.until[i] < math.inf]
+        return min(live, default=0)
 
 
 def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
              progress: Callable[[dict], None] | None = None) -> SimResult:
     """Run one scheme on `problem` under the straggler model; deterministic for a given cfg."""
-    scheme = make_scheme(cfg.scheme, cfg.n, cfg.s, seed=cfg.seed, c=cfg.c)
-    if isinstance(scheme, PbsScheme):
-        return _simulate_pbs(cfg, scheme, problem, record_params, progress)
-    delays = DelayModel(cfg.delay, cfg.n, seed=cfg.seed)
+    scheme = make_scheme(cfg.scheme, cfg.workers, cfg.stragglers, seed=cfg.seed, c=cfg.c)
     w = problem.initial_params().astype(np.float64)
-    opt = FlatOptimizer(w, cfg.optimizer, cfg.lr)
+    opt = FlatOptimizer(w, cfg.optimizer, cfg.lr, momentum=cfg.momentum)
     builder = MessageBuilder(scheme, problem)
     builder.add_model(0, w)
-    collector = StepCollector(scheme, cfg.max_staleness)
+    collector = make_collector(scheme, opt.grad, cfg.max_staleness)
+    workers = SimWorkers(scheme, cfg, builder)
+    nbytes = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, np.float64).nbytes
     result = SimResult(cfg, trajectory=[w.copy()] if record_params else [])
-
-    versions = [scheme.initial_versions() for _ in range(cfg.n)]
-    events: list[tuple[float, int, int]] = []  # (finish time, worker, step computed for)
-    busy = [False] * cfg.n
-    until = [0.0] * cfg.n  # when each worker's current job ends (inf: it hangs)
-    warmup = cfg.compute_time * len(scheme.warmup_slots(0))
-    now = 0.0
-
-    def start(worker: int, step: int, at: float) -> None:
-        work = cfg.compute_time * len(scheme.fresh_slots(step, worker))
-        until[worker] = at + work + delays.delay(worker, step)
-        heapq.heappush(events, (until[worker], worker, step))
-        busy[worker] = True
-
-    def finish() -> tuple[float, int, int]:
-        at, worker, step = heapq.heappop(events)
-        busy[worker] = False
-        for k in scheme.fresh_slots(step, worker):
-            versions[worker][k] = step
-        return at, worker, step
-
-    for i in range(cfg.n):
-        start(i, 0, warmup)
+    now, received = 0.0, 0
+    workers.start_idle(0, workers.first_start())
     for t in range(cfg.steps):
-        collector.begin(t)
         began = now
-        for i in range(cfg.n):
-            if not busy[i] and t > 0:
-                start(i, t, now)
-        deadline_at = began + cfg.deadline if cfg.deadline is not None else math.inf
-        missed = False
-        dec: Decoded | None = None
-        while dec is None:
-            nxt = events[0][0] if events else math.inf
-            if nxt > deadline_at and not missed:
-                missed = True
-                dec = collector.on_deadline(cfg.on_deadline)  # may raise DeadlineMissed
-                if dec is not None:
-                    now = deadline_at
-                    break
-            if nxt == math.inf:
-                result.stalled = (f"step {t}: {scheme.name} cannot decode, the workers still out "
-                                  f"never answer (arrived: {collector.arrived})")
-                result.params = w
-                return result
-            now, i, step = finish()
-            if collector.offer(i, step, list(versions[i])) == "late":
-                start(i, t, now)  # the newest-model rule: straight on to the current step
-            if collector.ready():
-                while events and events[0][0] <= now:  # simultaneous arrivals all count
-                    _, j, sj = finish()
-                    if collector.offer(j, sj, list(versions[j])) == "late":
-                        start(j, t, now)
-                dec = collector.decode()
-        _apply(opt, builder, collector, dec)
-        builder.add_model(t + 1, w)
-        # a hung worker's buffers are never sent again: they must not pin old models in memory
-        builder.forget_before(min(min(versions[i]) for i in range(cfg.n) if until[i] < math.inf))
-        record = {
-            "step": t, "time": now, "step_time": now - began, **problem.evaluate(w),
-            "arrivals": list(collector.arrived), "used": dec.used, "late": collector.late,
-            "rejected": list(collector.rejected), "max_staleness": dec.max_staleness,
-            "deadline_missed": missed, "partial": dec.partial, "residual": dec.residual,
-            "versions": dict(collector.versions),
-        }
-        _finish_step(result, record, w, record_params, progress)
-        if cfg.target_gap is not None and record.get("gap", math.inf) <= cfg.target_gap:
+        collector.begin(t)
+        workers.start_idle(t, now)
+        dec, missed, now, arrived = _collect(collector, workers, cfg, began)
+        received += arrived
+        if dec is None:
+            result.stalled = (f"step {t}: {scheme.name} cannot decode, the workers still out never answer "
+                              f"(still waiting for {'partitions' if workers.table else 'workers'} "
+                              f"{collector.waiting_for()})")
             break
-    result.params = w
-    return result
-
-
-def _finish_step(result: SimResult, record: dict, w: np.ndarray, record_params: bool,
-                 progress: Callable[[dict], None] | None) -> None:
-    result.records.append(record)
-    if record_params:
-        result.trajectory.append(w.copy())
-    if progress is not None:
-        progress(record)
-
-
-def _simulate_pbs(cfg: SimConfig, scheme: PbsScheme, problem: Problem, record_params: bool,
-                  progress: Callable[[dict], None] | None) -> SimResult:
-    """pbs: workers compute continuously; the master steps on an arrival that makes the table fresh."""
-    delays = DelayModel(cfg.delay, cfg.n, seed=cfg.seed)
-    w = problem.initial_params().astype(np.float64)
-    opt = FlatOptimizer(w, cfg.optimizer, cfg.lr)
-    builder = MessageBuilder(scheme, problem)
-    builder.add_model(0, w)
-    table = scheme.new_table(problem.dim)
-    result = SimResult(cfg, trajectory=[w.copy()] if record_params else [])
-    count = [0] * cfg.n
-    attempts: dict[tuple[int, int], int] = {}
-    events: list[tuple[float, int, int, int]] = []  # (finish, worker, version, count)
-
-    def start(worker: int, version: int, at: float) -> None:
-        attempt = attempts.get((worker, version), 0)
-        attempts[(worker, version)] = attempt + 1
-        took = cfg.compute_time + delays.delay(worker, version, attempt)
-        heapq.heappush(events, (at + took, worker, version, count[worker]))
-        count[worker] += 1
-
-    for i in range(cfg.n):
-        start(i, 0, 0.0)
-    t, began, arrivals = 0, 0.0, []
-    while t < cfg.steps:
-        if not events or events[0][0] == math.inf:
-            result.stalled = f"step {t}: pbs table never covers partitions {table.missing(t)}"
-            break
-        now, i, version, k = heapq.heappop(events)
-        slot = scheme.fresh_slots(k, i)[0]
-        part = scheme.placement[i][slot]
-        table.offer(part, version, builder.gradient(part, version, scheme.draw_index(k, slot)))
-        arrivals.append(i)
-        start(i, t, now)
-        if not table.ready(t):
-            continue
-        ages = table.ages(t)
-        table.mean(out=opt.grad)
         opt.step()
-        record = {
-            "step": t, "time": now, "step_time": now - began, **problem.evaluate(w),
-            "arrivals": arrivals, "used": arrivals, "late": 0, "rejected": [],
-            "max_staleness": int(ages.max()), "deadline_missed": False, "residual": 0.0,
-        }
-        _finish_step(result, record, w, record_params, progress)
-        t, began, arrivals = t + 1, now, []
-        builder.add_model(t, w)
-        builder.forget_before(min([int(table.versions.min())] + [e[2] for e in events if e[0] < math.inf]))
+        builder.add_model(t + 1, w)
+        builder.forget_before(workers.oldest_version())
+        record = {"step": t, "wall_time": now, "step_time": now - began, "decode_time": 0.0,
+                  "bytes_received": received * nbytes, **collector.record(dec, missed), **problem.evaluate(w)}
+        result.records.append(record)
+        if record_params:
+            result.trajectory.append(w.copy())
+        if progress is not None:
+            progress(record)
         if cfg.target_gap is not None and record.get("gap", math.inf) <= cfg.target_gap:
             break
     result.params = w
     return result
+
+
+def _collect(collector: CodedCollector | TableCollector, workers: SimWorkers, cfg: SimConfig,
+             began: float) -> tuple[Decoded | None, bool, float, int]:
+    """Deliver messages in time order until the step decodes: (decoded or None if it never can,
+    deadline missed, the time, messages received)."""
+    deadline_at = began + cfg.deadline if cfg.deadline is not None else math.inf
+    missed, now, arrived = False, began, 0
+    while True:
+        nxt = workers.next_time()
+        if nxt > deadline_at and not missed:
+            missed = True
+            dec = collector.on_deadline(cfg.on_deadline)  # may raise DeadlineMissed
+            if dec is not None:
+                return dec, missed, deadline_at, arrived
+        if nxt == math.inf:
+            return None, missed, now, arrived
+        now = nxt
+        _deliver(collector, workers)
+        arrived += 1
+        if collector.ready():
+            while workers.next_time() <= now:  # arrivals at the same instant all count
+                _deliver(collector, workers)
+                arrived += 1
+            return collector.decode(), missed, now, arrived
+
+
+def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers) -> None:
+    """One message to the master; a worker that is not waiting for a new model goes on at once."""
+    at, msg, payload = workers.finish()
+    collector.offer(msg, payload)
+    if not collector.waits_for_answer or msg.step < collector.step:  # the newest-model rule
+        workers.start(msg.worker, collector.step, at)
 
 
 def replay(scheme: CodedScheme, problem: Problem, steps: Iterable[dict], optimizer: str = "sgd",
-           lr: float = 0.05) -> list[np.ndarray]:
+           lr: float = 0.05, momentum: float = 0.9) -> list[np.ndarray]:
     """Recompute a recorded run's parameters from its arrivals and message versions.
 
     Each item of `steps` has 'arrivals' (worker ids in order), 'versions' ({worker: the
@@ -274,17 +243,18 @@ def replay(scheme: CodedScheme, problem: Problem, steps: Iterable[dict], optimiz
     'partial', as the MPI master logs them. Returns w_0, w_1, ...
     """
     w = problem.initial_params().astype(np.float64)
-    opt = FlatOptimizer(w, optimizer, lr)
+    opt = FlatOptimizer(w, optimizer, lr, momentum=momentum)
     builder = MessageBuilder(scheme, problem)
     builder.add_model(0, w)
-    collector = StepCollector(scheme)
+    collector = make_collector(scheme, opt.grad)
     out = [w.copy()]
     for t, rec in enumerate(steps):
         collector.begin(t)
         versions = {int(k): v for k, v in rec["versions"].items()}
-        for i in rec["arrivals"]:
-            collector.offer(int(i), t, versions[int(i)])
-        _apply(opt, builder, collector, collector.decode(partial=rec.get("partial", False)))
+        for i in map(int, rec["arrivals"]):
+            collector.offer(Message(t, i, tuple(versions[i])), builder.message(i, versions[i]))
+        collector.decode(partial=rec.get("partial", False))
+        opt.step()
         builder.add_model(t + 1, w)
         out.append(w.copy())
     return out

@@ -8,47 +8,50 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .errors import PgcError
+from .config import CORE_FIELDS, SimConfig, add_core_options, show_default
+from .errors import ConfigError, PgcError
 from .problems import PROBLEMS
 from .schemes import SCHEME_NAMES
-from .sim import SimConfig, SimResult, simulate
+
+if TYPE_CHECKING:  # pgc_mpi.sim imports torch (its optimizer): main() imports it once the flags are valid
+    from .sim import SimResult
 
 DEFAULT_SCHEMES = ("dgd", "is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "pgc-fr", "pgc-cr", "pbs")
+# pgc-sim's own defaults for shared options: a cluster with exponential stragglers to compare schemes on
+SIM_DEFAULTS = {"delay": "exp:1.0", "steps": 200}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The pgc-sim argument parser: the options shared with pgc-train, then the simulator's own."""
     p = argparse.ArgumentParser(
         prog="pgc-sim",
         description="Simulate straggler schemes on one problem and the same seeded delays, and "
-                    "print steps and simulated time to a target optimality gap.",
+                    "print steps and simulated time to a target optimality gap. Times (--delay, "
+                    "--deadline, --compute-time) are simulated seconds.",
     )
-    p.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
-                   help=f"comma-separated schemes (default: %(default)s; all: {','.join(SCHEME_NAMES)})")
-    p.add_argument("-n", "--workers", type=int, default=12, help="number of workers (default: %(default)s)")
-    p.add_argument("-s", "--stragglers", type=int, default=1, help="stragglers tolerated (default: %(default)s)")
-    p.add_argument("--c", type=int, default=None, help="partitions per worker for is-gc-* (default: s+1)")
-    p.add_argument("--steps", type=int, default=200, help="maximum steps (default: %(default)s)")
-    p.add_argument("--lr", type=float, default=0.1, help="learning rate (default: %(default)s)")
-    p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam (default: %(default)s)")
-    p.add_argument("--problem", default="least-squares", choices=sorted(PROBLEMS),
-                   help="synthetic problem (default: %(default)s)")
-    p.add_argument("--samples", type=int, default=1200, help="training samples (default: %(default)s)")
-    p.add_argument("--dim", type=int, default=20, help="parameters (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="minibatch per partition (default: the whole partition)")
-    p.add_argument("--delay", default="exp:1.0",
-                   help="straggler model: none, exp:MEAN, fixed:W1,W2:SEC, random:K:SEC, hang:W@STEP, "
-                        "joined with '+' (default: %(default)s)")
-    p.add_argument("--compute-time", type=float, default=1.0,
-                   help="simulated seconds per partition gradient (default: %(default)s)")
-    p.add_argument("--deadline", type=float, default=None, help="per-step deadline in simulated seconds")
-    p.add_argument("--on-deadline", default="wait", choices=("wait", "partial", "fail"))
-    p.add_argument("--target-gap", type=float, default=1e-3,
-                   help="optimality gap F(w)-F* that counts as reached (default: %(default)s)")
-    p.add_argument("--stop-at-target", action="store_true", help="stop each run once the target is reached")
-    p.add_argument("--seed", type=int, default=0, help="seed of data, partitions and delays (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=None, help="write every run's per-step records as JSON lines here")
+    add_core_options(p, SIM_DEFAULTS, skip=("scheme",))
+    own = p.add_argument_group("simulator options")
+    own.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
+                     help=f"comma-separated schemes, all: {','.join(SCHEME_NAMES)} (default: %(default)s)")
+    own.add_argument("-n", "--workers", type=int, default=SimConfig.workers,
+                     help=f"number of workers {show_default('workers', SimConfig.workers)}")
+    own.add_argument("--problem", default="least-squares", choices=sorted(PROBLEMS),
+                     help="synthetic problem (default: %(default)s)")
+    own.add_argument("--samples", type=int, default=1200, help="training samples (default: %(default)s)")
+    own.add_argument("--dim", type=int, default=20, help="parameters (default: %(default)s)")
+    own.add_argument("--batch-size", type=int, default=None,
+                     help="minibatch per partition (default: the whole partition)")
+    own.add_argument("--compute-time", type=float, default=SimConfig.compute_time,
+                     help="simulated seconds per partition gradient "
+                          f"{show_default('compute_time', SimConfig.compute_time)}")
+    own.add_argument("--target-gap", type=float, default=1e-3,
+                     help="optimality gap F(w)-F* that counts as reached (default: %(default)s)")
+    own.add_argument("--stop-at-target", action="store_true",
+                     help="stop each run once the target gap is reached (default: off, run all --steps)")
+    own.add_argument("--out", type=Path, default=None,
+                     help="write every run's per-step records as JSON lines to this file (default: none)")
     return p
 
 
@@ -63,7 +66,7 @@ def summarize(results: dict[str, SimResult], target: float) -> list[dict]:
             "scheme": name,
             "steps_run": len(res.records),
             "steps_to_target": hit["step"] + 1 if hit else None,
-            "time_to_target": hit["time"] if hit else None,
+            "time_to_target": hit["wall_time"] if hit else None,
             "median_step_time": res.median_step_time(),
             "step_time_vs_dgd": res.median_step_time() / base,
             "final_gap": last.get("gap", math.nan),
@@ -96,24 +99,34 @@ def format_table(rows: list[dict], target: float) -> str:
     return "\n".join(out)
 
 
+def configs_from_args(args: argparse.Namespace) -> dict[str, SimConfig]:
+    """One validated SimConfig per scheme of --schemes (ConfigError on the first bad one)."""
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    bad = [s for s in schemes if s not in SCHEME_NAMES]
+    if bad:
+        raise PgcError(f"unknown scheme(s) {bad}; choose from: {', '.join(SCHEME_NAMES)}")
+    if not (math.isfinite(args.target_gap) and args.target_gap >= 0):
+        raise ConfigError(f"--target-gap must be a finite number >= 0, got {args.target_gap}")
+    shared = {name: getattr(args, name) for name in CORE_FIELDS if name != "scheme"}
+    return {
+        name: SimConfig(**{**shared, "scheme": name, "c": args.c if name.startswith("is-gc") else None},
+                        workers=args.workers, compute_time=args.compute_time,
+                        target_gap=args.target_gap if args.stop_at_target else None)
+        for name in schemes
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pgc-sim`."""
     args = build_parser().parse_args(argv)
     try:
-        schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
-        bad = [s for s in schemes if s not in SCHEME_NAMES]
-        if bad:
-            raise PgcError(f"unknown scheme(s) {bad}; choose from: {', '.join(SCHEME_NAMES)}")
+        configs = configs_from_args(args)
+        from .sim import simulate  # torch: only once every configuration is known to be valid
+
         problem = PROBLEMS[args.problem](args.workers, samples=args.samples, dim=args.dim,
                                          batch_size=args.batch_size, seed=args.seed)
         results: dict[str, SimResult] = {}
-        for name in schemes:
-            cfg = SimConfig(
-                scheme=name, n=args.workers, s=args.stragglers, c=args.c if name.startswith("is-gc") else None,
-                steps=args.steps, lr=args.lr, optimizer=args.optimizer, delay=args.delay,
-                compute_time=args.compute_time, deadline=args.deadline, on_deadline=args.on_deadline,
-                target_gap=args.target_gap if args.stop_at_target else None, seed=args.seed,
-            )
+        for name, cfg in configs.items():
             began = time.perf_counter()
             results[name] = simulate(cfg, problem)
             print(f"simulated {name}: {len(results[name].records)} steps in "

@@ -12,15 +12,16 @@ from pathlib import Path
 
 import numpy as np
 
-from . import signals
+from . import shm, signals
 from .config import TrainConfig, config_from_args
 from .errors import ConfigError, PgcError
 from .faults import parse_faults
+from .message import Layout, buffers_per_message, gradient_header
 from .metrics import MetricsWriter, Progress, setup_logging, write_json
 from .schemes import make_scheme
 from .stragglers import DelayModel
-from .transport import Layout, MasterTransport, WorkerTransport, abort, duplicate_world
-from .worker import header_length, run_worker
+from .transport import MasterTransport, WorkerTransport, abort, duplicate_world
+from .worker import run_worker
 
 
 def _problem(cfg: TrainConfig, n: int, partitions: list[int]):
@@ -59,12 +60,11 @@ def _resolve(argv: list[str], workers: int) -> tuple[str, object, object]:
         resume = None
         if cfg.resume:
             from . import checkpoint
-            from .master import run_identity
 
             scheme = make_scheme(cfg.scheme, workers, cfg.stragglers, seed=cfg.seed, c=cfg.c)
             path = checkpoint.resolve(cfg.resume, Path(cfg.out) / "checkpoints")
             encoding = scheme.encoding_matrix() if scheme.kind == "coded" else None
-            resume = checkpoint.load(path, run_identity(cfg, scheme, problem.dim), encoding)
+            resume = checkpoint.load(path, _identity(cfg, scheme, problem.dim), encoding)
             if resume.step >= cfg.steps:
                 raise ConfigError(f"--resume {path}: the checkpoint is at step {resume.step}, not before --steps "
                                   f"{cfg.steps}: raise --steps to train further")
@@ -74,6 +74,12 @@ def _resolve(argv: list[str], workers: int) -> tuple[str, object, object]:
     except PgcError as exc:
         print(f"pgc-train: error: {exc}", file=sys.stderr, flush=True)
         return "exit", 2, None
+
+
+def _identity(cfg: TrainConfig, scheme, dim: int) -> dict:
+    from .checkpoint import run_identity
+
+    return run_identity(scheme, dim, dtype=cfg.dtype, model=cfg.model, dataset=cfg.dataset, seed=cfg.seed)
 
 
 def _versions() -> dict[str, str]:
@@ -92,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     signals.install()
     comm = duplicate_world()
+    # every rank is past MPI_Init (the Dup is a collective): MPICH's start-up segment can go now,
+    # so that no way this job ends leaves it to hang a later job (see pgc_mpi.shm)
+    shm.unlink_own_segments()
     rank, size = comm.Get_rank(), comm.Get_size()
     log = setup_logging(rank)
     kind, value, state = _resolve(argv, size - 1) if rank == 0 else (None, None, None)
@@ -118,7 +127,7 @@ def _train(cfg: TrainConfig, state, comm, log) -> int:
         if len(set(comm.allgather(digest))) != 1:
             raise PgcError("ranks built different encoding matrices (different numpy versions?)")
     problem, resume = state if rank == 0 else (_problem(cfg, n, partitions=scheme.placement[rank - 1]), None)
-    layout = Layout(header_length(scheme), problem.dim, np.dtype(cfg.dtype))
+    layout = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, np.dtype(cfg.dtype))
     delays = DelayModel(cfg.delay, n, seed=cfg.seed)
     if rank > 0:
         run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval), delays,
@@ -128,7 +137,9 @@ def _train(cfg: TrainConfig, state, comm, log) -> int:
 
 
 def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, resume) -> int:
-    from .master import Master
+    from .checkpoint import Checkpointer
+    from .control import ControlSettings, RunControl
+    from .master import Master, MasterSettings
 
     out = Path(cfg.out)
     metrics = MetricsWriter(out, keep_steps_before=resume.step if resume else None)
@@ -138,45 +149,62 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, re
              cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.dataset, cfg.model, problem.dim, cfg.dtype, out)
     link = MasterTransport(comm, scheme.n, layout, cfg.poll_interval)
     progress = Progress(cfg.steps, cfg.eval_every, log)
-    master = Master(cfg, scheme, problem, link, metrics, progress, out, resume)
+    settings = MasterSettings(steps=cfg.steps, optimizer=cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
+                              deadline=cfg.deadline, on_deadline=cfg.on_deadline, max_staleness=cfg.max_staleness,
+                              record_params=cfg.record_params)
+    checkpointer = Checkpointer(out / "checkpoints", _identity(cfg, scheme, problem.dim), cfg.to_dict(),
+                                keep=cfg.keep_checkpoints)
+    master = Master(settings, scheme, problem, link, metrics, progress, checkpointer, resume)
+    control = RunControl(ControlSettings(cfg.steps, cfg.eval_every, cfg.target_loss, cfg.checkpoint_every), out,
+                         evaluate=lambda: problem.evaluate(master.w), write=metrics.write)
     began = time.monotonic()
-    totals = master.run()
+    totals = master.run(control)
     wall = time.monotonic() - began
     progress.close()
-    # from the file, not the Master: after a resume it also holds the steps of the earlier part
-    step_times = [r["step_time"] for r in _read_steps(metrics.path)]
-    status = f"stopped by {totals.stopped_by}" if totals.stopped_by else "completed"
-    summary = {"event": "summary", "status": status, "steps": totals.steps, "wall_time": wall,
-               "median_step_time": float(np.median(step_times)) if step_times else None,
-               "stragglers_skipped": totals.skipped, "late_messages": totals.late,
-               "rejected_stale": totals.rejected, "rejected_messages": totals.rejected_messages,
-               "deadline_missed": totals.deadline_missed,
-               "stopped_at_target": totals.stopped_early, **{f"final_{k}": v for k, v in totals.last_eval.items()}}
+    summary = _summary(totals, control, wall, metrics.path)
     metrics.write(summary)
     if cfg.record_params:
         np.save(out / "params.npy", np.stack(master.trajectory))
-    ev = totals.last_eval
-    scores = ", ".join(f"{k.replace('_', ' ')} {100 * v:.1f}%" if k.endswith("accuracy") else
-                       f"{k.replace('_', ' ')} {v:.4f}" for k, v in ev.items() if k != "step")
-    print(f"pgc-train: {cfg.scheme} (n={scheme.n}, s={scheme.s}) on {cfg.dataset}/{cfg.model}: "
-          f"{totals.steps} steps in {wall:.1f} s, median step {1e3 * (summary['median_step_time'] or 0):.1f} ms\n"
-          f"  {scores}\n"
-          f"  stragglers skipped {totals.skipped} worker-steps, late messages {totals.late}, "
-          f"deadline misses {totals.deadline_missed}\n  outputs: {out}", flush=True)
+    _report(cfg, scheme, summary, control.last_eval, out)
     abandoned = link.shutdown(cfg.grace)
     if abandoned:
-        ranks = [w + 1 for w in abandoned]
         log.warning("workers %s (ranks %s) did not stop within %.0f s and are abandoned (hung?); "
-                    "ending the job with MPI_Abort(0) since training completed", abandoned, ranks, cfg.grace)
+                    "ending the job with MPI_Abort(0) since training completed",
+                    abandoned, [w + 1 for w in abandoned], cfg.grace)
         metrics.write({"event": "shutdown", "abandoned": abandoned})
         metrics.close()
-        abort(signals.EXIT_STOPPED if totals.stopped_by else 0)
+        abort(signals.EXIT_STOPPED if control.stopped_by else 0)
     metrics.close()
-    if totals.stopped_by:
+    if control.stopped_by:
         # every worker has stopped; MPICH's mpiexec does not always report rank 0's own exit
         # status after a forwarded signal, but it always reports an abort's code
         abort(signals.EXIT_STOPPED)
     return 0
+
+
+def _summary(totals, control, wall: float, metrics_path: Path) -> dict:
+    """The run's final `summary` record."""
+    # from the file, not the Master: after a resume it also holds the steps of the earlier part
+    step_times = [r["step_time"] for r in _read_steps(metrics_path)]
+    return {"event": "summary", "status": f"stopped by {control.stopped_by}" if control.stopped_by else "completed",
+            "steps": totals.steps, "wall_time": wall,
+            "median_step_time": float(np.median(step_times)) if step_times else None,
+            "stragglers_skipped": totals.skipped, "late_messages": totals.late,
+            "rejected_stale": totals.rejected, "rejected_messages": totals.rejected_messages,
+            "deadline_missed": totals.deadline_missed, "stopped_at_target": control.stopped_early,
+            **{f"final_{k}": v for k, v in control.last_eval.items()}}
+
+
+def _report(cfg: TrainConfig, scheme, summary: dict, last_eval: dict, out: Path) -> None:
+    """The few lines pgc-train prints at the end."""
+    scores = ", ".join(f"{k.replace('_', ' ')} {100 * v:.1f}%" if k.endswith("accuracy") else
+                       f"{k.replace('_', ' ')} {v:.4f}" for k, v in last_eval.items() if k != "step")
+    print(f"pgc-train: {cfg.scheme} (n={scheme.n}, s={scheme.s}) on {cfg.dataset}/{cfg.model}: "
+          f"{summary['steps']} steps in {summary['wall_time']:.1f} s, median step "
+          f"{1e3 * (summary['median_step_time'] or 0):.1f} ms\n"
+          f"  {scores}\n"
+          f"  stragglers skipped {summary['stragglers_skipped']} worker-steps, late messages "
+          f"{summary['late_messages']}, deadline misses {summary['deadline_missed']}\n  outputs: {out}", flush=True)
 
 
 def _read_steps(path: Path) -> list[dict]:

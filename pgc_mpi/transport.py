@@ -1,7 +1,7 @@
 """The only module that talks to MPI: the communicator, tags, message buffers and requests.
 
-Every message is one contiguous byte buffer: a float64 header (step numbers, ids, a loss, buffer
-versions) followed by the payload (parameters or a coded gradient) in the run's dtype. The master
+Every message is one contiguous byte buffer laid out by pgc_mpi.message: a header of named
+fields followed by the payload (parameters or a coded gradient) in the run's dtype. The master
 receives into one preallocated buffer per worker, polls them with Testsome plus a short sleep
 (never a busy spin, never a wait that cannot time out), and keeps at most one model message in
 flight per worker, sent from a snapshot so the master can update its parameters meanwhile.
@@ -16,26 +16,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from pgc_mpi import shm
+from .message import MODEL_HEADER, Layout
 
 TAG_MODEL, TAG_GRAD, TAG_STOP, TAG_BYE = 101, 102, 103, 104
-MODEL_HEADER = 1  # [step]
-
-
-class Layout:
-    """A message's byte layout: a float64 header of `header` words, then `dim` values of `dtype`."""
-
-    def __init__(self, header: int, dim: int, dtype: np.dtype | type):
-        self.header, self.dim, self.dtype = header, dim, np.dtype(dtype)
-        self.nbytes = 8 * header + dim * self.dtype.itemsize
-
-    def allocate(self, rows: int = 1) -> np.ndarray:
-        """Zeroed contiguous bytes for `rows` messages."""
-        return np.zeros((rows, self.nbytes), dtype=np.uint8)
-
-    def split(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(header, payload) views of one message's bytes."""
-        return buf[: 8 * self.header].view(np.float64), buf[8 * self.header:].view(self.dtype)
 
 
 class Backoff:
@@ -57,16 +40,8 @@ class Backoff:
 
 
 def duplicate_world(comm: MPI.Comm | None = None) -> MPI.Comm:
-    """Our own communicator, so our messages never match the user's (COMM_WORLD's) ones.
-
-    Duplicating COMM_WORLD is a collective every rank enters only after its MPI_Init, so the
-    job is up: MPICH's start-up segment is unlinked here, so that no way this job ends can
-    leave it to hang a later job (see pgc_mpi.shm).
-    """
-    dup = (comm if comm is not None else MPI.COMM_WORLD).Dup()
-    if comm is None:
-        shm.unlink_own_segments()
-    return dup
+    """Our own communicator, so our messages never match the user's (COMM_WORLD's) ones."""
+    return (comm if comm is not None else MPI.COMM_WORLD).Dup()
 
 
 def abort(code: int) -> None:
@@ -167,7 +142,7 @@ class MasterTransport:
         if snap is None:
             snap = _Snapshot(self.model_layout)
             self._snapshots.append(snap)
-        snap.header[0] = step
+        snap.header["step"] = step
         np.copyto(snap.payload, w, casting="same_kind")
         self._current = snap
 
@@ -256,7 +231,7 @@ class WorkerTransport:
                     self.stopped = True
                     return None
                 self.comm.Recv([self._model_buf, MPI.BYTE], source=0, tag=TAG_MODEL)
-                got, misses = int(self.model_header[0]), 0
+                got, misses = int(self.model_header["step"]), 0
             if got is not None or not block:
                 return got
             backoff.sleep()

@@ -10,22 +10,13 @@ import time
 import numpy as np
 
 from .faults import Fault, active
+from .message import Message
 from .problems import Problem
 from .schemes import CodedScheme, PbsScheme
 from .stragglers import DelayModel
 from .transport import WorkerTransport
 
 log = logging.getLogger("pgc_mpi")
-
-# Header of a gradient message: [step, worker, partition (-1: coded), minibatch loss,
-# compute seconds, injected delay seconds, gradients computed, buffer versions...]
-HEADER_FIELDS = 7
-
-
-def header_length(scheme: CodedScheme | PbsScheme) -> int:
-    """Words in a gradient message's header for this scheme."""
-    return HEADER_FIELDS + (1 if scheme.kind == "table" else scheme.c)
-
 
 def _injected_delay(seconds: float, link: WorkerTransport) -> float:
     """Sleep like a slow node. A hang never wakes (as a real one would not); a finite delay
@@ -78,8 +69,8 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
         took = time.perf_counter() - began
         computed += len(losses)
         slept = _injected_delay(delays.delay(worker, step), link)
-        link.header[:HEADER_FIELDS] = (step, worker, -1, float(np.mean(losses)), took, slept, len(losses))
-        link.header[HEADER_FIELDS:] = versions
+        Message(step, worker, tuple(versions), loss=float(np.mean(losses)), compute_time=took, delay=slept,
+                gradients=len(losses)).write(link.header)
         _send(link, faults, worker, step)
         step = link.next_model()
     link.confirm_stop()
@@ -99,7 +90,8 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
         loss, link.payload[:] = problem.loss_and_grad(link.model, part, scheme.draw_index(count, slot))
         took = time.perf_counter() - began
         slept = _injected_delay(delays.delay(worker, version, attempts), link)
-        link.header[:] = (version, worker, part, loss, took, slept, 1, version)
+        Message(version, worker, (version,), partition=part, loss=loss, compute_time=took,
+                delay=slept).write(link.header)
         _send(link, faults, worker, version)
         count += 1
         newer = link.next_model(block=False)

@@ -8,13 +8,11 @@ on any rank fails it on every rank, so rank 0's summary line is the truth.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 
 
 def _with_mpi(config: pytest.Config) -> bool:
@@ -27,6 +25,23 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     if not _with_mpi(session.config):
         shm.report_stale(shm.remove_stale())
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The MPI library and mpi4py in use; under --with-mpi, this rank and the world size.
+
+    This imports (so initializes) MPI, which a serial run does anyway: collecting test_transport_mpi.py imports
+    pgc_mpi.transport. Importing it with mpi4py.rc.initialize = False instead would leave MPI uninitialized for good
+    in this process, and in-process code that calls MPI later would abort.
+    """
+    import mpi4py
+    from mpi4py import MPI
+
+    library = " ".join(MPI.Get_library_version().splitlines()[0].split())  # "MPICH Version:      5.0.2"
+    lines = [f"MPI library: {library}, mpi4py {mpi4py.__version__}"]
+    if _with_mpi(config):
+        lines.append(f"MPI rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()}")
+    return lines
 
 
 @pytest.hookimpl(trylast=True)  # after the terminal reporter exists
@@ -62,13 +77,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         bad = [r for r, f in enumerate(failed) if f]
         rep.outcome = "failed"
         rep.longrepr = f"failed on rank(s) {bad}; see their logs (PGC_TEST_LOG_DIR, default /tmp)"
-
-
-@pytest.fixture
-def mpiexec_env() -> dict[str, str]:
-    """Environment for a bounded mpiexec launched from a test."""
-    env = dict(os.environ)
-    env.setdefault("MPIEXEC_TIMEOUT", "120")
-    env["OMP_NUM_THREADS"] = "1"
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    return env

@@ -1,4 +1,4 @@
-"""Encoding matrices and linear/combinatorial decoders (pgc_mpi.encoding) against ALGORITHMS.md."""
+"""Encoding matrices and linear/combinatorial decoders (pgc_mpi.encoding) against docs/ALGORITHMS.md."""
 
 from __future__ import annotations
 
@@ -99,8 +99,20 @@ def test_support_matrix_is_ones_on_the_placement(n, c):
             assert set(np.flatnonzero(B[i])) == set(parts)
 
 
-def test_exact_tolerance_is_tight():
-    assert 0 < EXACT_TOLERANCE <= 1e-6
+@pytest.mark.parametrize("miss, exact", [(0.0, True), (1e-9, True), (3e-7, True), (3e-6, False), (1e-4, False)])
+def test_exact_tolerance_is_tight(miss, exact):
+    """solve_exact accepts rounding-level misses and rejects a decode whose partition weights miss 1 by a few 1e-6.
+
+    A lone row (1, 1 + 2 miss) can at best weight its partitions 1 - miss and 1 + miss (to first order)."""
+    B = np.array([[1.0, 1.0 + 2 * miss], [0.0, 1.0]])
+    a = solve_least_squares(B, [0])
+    assert np.abs(a @ B * 2 - 1).max() == pytest.approx(miss, rel=1e-3, abs=1e-15)
+    if exact:
+        np.testing.assert_array_equal(solve_exact(B, [0]), a)
+    else:
+        with pytest.raises(NotDecodable, match="cannot decode the exact gradient"):
+            solve_exact(B, [0])
+    assert (miss <= EXACT_TOLERANCE) == exact  # the documented constant is the threshold in use
 
 
 # ---- disjoint windows: brute force over every subset ---------------------------------------------

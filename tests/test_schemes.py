@@ -1,4 +1,4 @@
-"""The pure-numpy scheme core (pgc_mpi.schemes, placement, table) against ALGORITHMS.md."""
+"""The pure-numpy scheme core (pgc_mpi.schemes, placement, table) against docs/ALGORITHMS.md."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def windows_disjoint(chosen, n: int, c: int) -> bool:
 
 
 def expected_weights(sch: CodedScheme, order) -> np.ndarray:
-    """Decode weights a as ALGORITHMS.md states them (gc-cr: none, the solution is not unique)."""
+    """Decode weights a as docs/ALGORITHMS.md states them (gc-cr: none, the solution is not unique)."""
     n, c = sch.n, sch.c
     a = np.zeros(n)
     if sch.name == "dgd":
@@ -342,7 +342,7 @@ def test_pgc_fr_uses_every_partition_exactly_once(n, s):
 
 
 def test_pgc_cr_worked_example():
-    """ALGORITHMS.md: n=4, s=1; at t=2 W3 straggles; g_2 = (m_0 + m_1 + m_2) / 6."""
+    """docs/ALGORITHMS.md: n=4, s=1; at t=2 W3 straggles; g_2 = (m_0 + m_1 + m_2) / 6."""
     sch = build("pgc-cr", 4, 1)
     assert sch.placement == [[0, 1], [1, 2], [2, 3], [3, 0]]
     assert all(sch.fresh_slots(2, w) == (0,) for w in range(4))
@@ -378,7 +378,7 @@ def test_pipelined_draws_run_0_1_2_per_partition(name, n):
 
 @per_name_and_n(CODED)
 def test_each_partition_draws_a_new_minibatch_whenever_it_is_computed(name, n):
-    """Each partition keeps its own minibatch iterator (ALGORITHMS.md): the replicas that compute
+    """Each partition keeps its own minibatch iterator (docs/ALGORITHMS.md): the replicas that compute
     partition j at step t share one draw (exact decoding needs it), and the steps at which j is
     computed use pairwise different draws (reusing a minibatch across steps is the authors' bug)."""
     for sch in every_scheme(name, n):

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from pgc_mpi.collector import DeadlineMissed
+from pgc_mpi.config import SimConfig
 from pgc_mpi.problems import LeastSquares, Logistic
 from pgc_mpi.schemes import make_scheme
-from pgc_mpi.sim import SimConfig, replay, simulate
+from pgc_mpi.sim import replay, simulate
 from pgc_mpi.sim_cli import main as sim_main
 
 
@@ -19,29 +20,31 @@ def lsq12() -> LeastSquares:
 
 @pytest.mark.parametrize("scheme", ["dgd", "gc-fr", "gc-cr", "pgc-fr", "is-gc-fr", "pbs"])
 def test_exact_schemes_reach_the_least_squares_optimum(lsq12, scheme):
-    res = simulate(SimConfig(scheme=scheme, n=12, s=2, steps=400, lr=0.3, delay="exp:1.0", seed=1), lsq12)
+    cfg = SimConfig(scheme=scheme, workers=12, stragglers=2, steps=400, lr=0.3, delay="exp:1.0", seed=1)
+    res = simulate(cfg, lsq12)
     assert res.stalled is None
     assert res.records[-1]["gap"] < 1e-8
 
 
 def test_pgc_cr_reaches_a_small_floor_but_not_zero(lsq12):
-    res = simulate(SimConfig(scheme="pgc-cr", n=12, s=2, steps=400, lr=0.3, delay="exp:1.0", seed=1), lsq12)
+    cfg = SimConfig(scheme="pgc-cr", workers=12, stragglers=2, steps=400, lr=0.3, delay="exp:1.0", seed=1)
+    res = simulate(cfg, lsq12)
     gaps = [r["gap"] for r in res.records]
     assert gaps[-1] < 1e-3 * gaps[0]
     assert min(gaps[-50:]) > 0  # relaxed decoding is biased per step: a floor, not the optimum
 
 
 def test_same_seed_is_bit_identical_and_other_seed_differs(lsq12):
-    cfg = SimConfig(scheme="pgc-cr", n=12, s=1, steps=60, lr=0.2, delay="exp:0.5", seed=7)
+    cfg = SimConfig(scheme="pgc-cr", workers=12, stragglers=1, steps=60, lr=0.2, delay="exp:0.5", seed=7)
     a, b = simulate(cfg, lsq12, record_params=True), simulate(cfg, lsq12, record_params=True)
     assert all(np.array_equal(x, y) for x, y in zip(a.trajectory, b.trajectory))
-    assert [r["time"] for r in a.records] == [r["time"] for r in b.records]
+    assert [r["wall_time"] for r in a.records] == [r["wall_time"] for r in b.records]
     c = simulate(SimConfig(**{**cfg.__dict__, "seed": 8}), lsq12)
-    assert [r["time"] for r in c.records] != [r["time"] for r in a.records]
+    assert [r["wall_time"] for r in c.records] != [r["wall_time"] for r in a.records]
 
 
 def test_pipelined_staleness_is_at_most_s_without_stragglers(lsq12):
-    res = simulate(SimConfig(scheme="pgc-cr", n=12, s=3, steps=30, delay="none"), lsq12)
+    res = simulate(SimConfig(scheme="pgc-cr", workers=12, stragglers=3, steps=30, delay="none"), lsq12)
     assert max(r["max_staleness"] for r in res.records) == 3
     assert all(len(r["used"]) == 12 for r in res.records)  # simultaneous arrivals all count
 
@@ -49,38 +52,38 @@ def test_pipelined_staleness_is_at_most_s_without_stragglers(lsq12):
 @pytest.mark.parametrize("scheme,per_step", [("dgd", 1.0), ("gc-cr", 3.0), ("gc-fr", 3.0),
                                              ("pgc-cr", 1.0), ("pgc-fr", 1.0), ("is-sgd", 1.0)])
 def test_step_time_without_stragglers_is_the_compute_per_step(lsq12, scheme, per_step):
-    res = simulate(SimConfig(scheme=scheme, n=12, s=2, steps=10, delay="none", compute_time=1.0), lsq12)
+    res = simulate(SimConfig(scheme=scheme, workers=12, stragglers=2, steps=10, delay="none", compute_time=1.0), lsq12)
     assert res.median_step_time() == pytest.approx(per_step)
 
 
 def test_pipelined_warmup_costs_c_minus_one_gradients(lsq12):
-    res = simulate(SimConfig(scheme="pgc-fr", n=12, s=2, steps=3, delay="none"), lsq12)
-    assert [r["time"] for r in res.records] == [3.0, 4.0, 5.0]
+    res = simulate(SimConfig(scheme="pgc-fr", workers=12, stragglers=2, steps=3, delay="none"), lsq12)
+    assert [r["wall_time"] for r in res.records] == [3.0, 4.0, 5.0]
 
 
 def test_a_slow_worker_is_late_and_follows_the_newest_model(lsq12):
-    res = simulate(SimConfig(scheme="pgc-cr", n=12, s=1, steps=40, delay="fixed:4:2.5"), lsq12)
+    res = simulate(SimConfig(scheme="pgc-cr", workers=12, stragglers=1, steps=40, delay="fixed:4:2.5"), lsq12)
     assert sum(r["late"] for r in res.records) > 0
     assert all(4 not in r["used"] for r in res.records)
     assert res.median_step_time() == pytest.approx(1.0)
 
 
 def test_staleness_bound_rejects_old_buffers(lsq12):
-    cfg = SimConfig(scheme="pgc-cr", n=12, s=1, steps=40, delay="random:1:1.5", max_staleness=1, seed=2)
+    cfg = SimConfig(scheme="pgc-cr", workers=12, stragglers=1, steps=40, delay="random:1:1.5", max_staleness=1, seed=2)
     res = simulate(cfg, lsq12)
     assert all(r["max_staleness"] <= 1 for r in res.records)
     assert sum(len(r["rejected"]) for r in res.records) > 0
 
 
 def test_hung_worker_coded_scheme_finishes_dgd_stalls(lsq12):
-    ok = simulate(SimConfig(scheme="pgc-cr", n=12, s=1, steps=30, delay="hang:3@5"), lsq12)
+    ok = simulate(SimConfig(scheme="pgc-cr", workers=12, stragglers=1, steps=30, delay="hang:3@5"), lsq12)
     assert ok.stalled is None and len(ok.records) == 30
-    stuck = simulate(SimConfig(scheme="dgd", n=12, s=1, steps=30, delay="hang:3@5"), lsq12)
+    stuck = simulate(SimConfig(scheme="dgd", workers=12, stragglers=1, steps=30, delay="hang:3@5"), lsq12)
     assert stuck.stalled is not None and len(stuck.records) == 5
 
 
 def test_deadline_policies(lsq12):
-    base = dict(scheme="dgd", n=12, s=1, steps=20, delay="hang:3@5", deadline=2.0)
+    base = dict(scheme="dgd", workers=12, stragglers=1, steps=20, delay="hang:3@5", deadline=2.0)
     with pytest.raises(DeadlineMissed, match="missing workers \\[3\\]"):
         simulate(SimConfig(**base, on_deadline="fail"), lsq12)
     res = simulate(SimConfig(**base, on_deadline="partial"), lsq12)
@@ -91,7 +94,7 @@ def test_deadline_policies(lsq12):
 
 
 def test_replay_reproduces_the_simulated_trajectory(lsq12):
-    cfg = SimConfig(scheme="pgc-cr", n=12, s=2, steps=25, lr=0.2, delay="exp:1.0", seed=4)
+    cfg = SimConfig(scheme="pgc-cr", workers=12, stragglers=2, steps=25, lr=0.2, delay="exp:1.0", seed=4)
     res = simulate(cfg, lsq12, record_params=True)
     scheme = make_scheme("pgc-cr", 12, 2, seed=4)
     again = replay(scheme, lsq12, res.records, lr=0.2)
@@ -100,13 +103,13 @@ def test_replay_reproduces_the_simulated_trajectory(lsq12):
 
 def test_minibatches_and_logistic_converge():
     prob = Logistic(8, samples=800, dim=5, batch_size=20, seed=1)
-    res = simulate(SimConfig(scheme="pgc-fr", n=8, s=1, steps=300, lr=0.5, delay="exp:0.5"), prob)
+    res = simulate(SimConfig(scheme="pgc-fr", workers=8, stragglers=1, steps=300, lr=0.5, delay="exp:0.5"), prob)
     assert res.records[-1]["gap"] < 0.05 * res.records[0]["gap"]
 
 
 def test_thousand_workers_run(lsq12):
     prob = LeastSquares(1000, samples=2000, dim=5)
-    res = simulate(SimConfig(scheme="pgc-cr", n=1000, s=3, steps=3, delay="exp:1.0"), prob)
+    res = simulate(SimConfig(scheme="pgc-cr", workers=1000, stragglers=3, steps=3, delay="exp:1.0"), prob)
     assert len(res.records) == 3 and all(len(r["arrivals"]) >= 997 for r in res.records)
 
 
@@ -131,6 +134,6 @@ def test_simulator_refuses_a_bad_deadline_like_pgc_train(deadline, policy, messa
     from pgc_mpi.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
-        SimConfig(scheme="dgd", n=4, s=0, steps=3, deadline=deadline, on_deadline=policy)
+        SimConfig(scheme="dgd", workers=4, stragglers=0, steps=3, deadline=deadline, on_deadline=policy)
     with pytest.raises(ConfigError, match=message):
         TrainConfig(deadline=deadline, on_deadline=policy).validate(workers=4)

@@ -1,0 +1,104 @@
+"""The rules around the master's step loop: when to evaluate, checkpoint and stop.
+
+Kept apart from the loop so that each rule reads (and is tested) on its own: evaluations every
+`eval_every` steps and at the end, the target-loss rule, checkpoints every `checkpoint_every`
+steps or on demand (the file OUT/CHECKPOINT, or SIGUSR2), and stop signals (SIGUSR1/SIGTERM).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import signals
+
+log = logging.getLogger("pgc_mpi")
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    """The settings these rules read (a subset of the run's configuration)."""
+
+    steps: int
+    eval_every: int = 20
+    target_loss: float | None = None
+    checkpoint_every: int | None = None
+
+
+@dataclass
+class RunControl:
+    """Decides, after every step, whether to evaluate, checkpoint or stop.
+
+    `evaluate()` returns the metrics of the current parameters (e.g. TorchProblem.evaluate);
+    its wall time is kept in `eval_seconds` so that training time can leave it out. `write`
+    receives each evaluation's record (the metrics file's writer)."""
+
+    settings: ControlSettings
+    out: Path
+    evaluate: Callable[[], dict]
+    write: Callable[[dict], None]
+    last_eval: dict = field(default_factory=dict)
+    eval_seconds: float = 0.0
+    stopped_by: str | None = None  # the signal that stopped the run
+    stopped_early: bool = False  # the target loss was reached before the last step
+    _recent_losses: list[float] = field(default_factory=list)
+
+    def stop_signal(self, step: int) -> bool:
+        """Whether a stop signal arrived (logged once); the step in progress is then abandoned."""
+        name = signals.requested()
+        if name is not None and self.stopped_by is None:
+            log.warning("%s received during step %d: stopping (metrics are kept; exit status %d asks to requeue)",
+                        name, step, signals.EXIT_STOPPED)
+            self.stopped_by = name
+        return name is not None
+
+    def checkpoint_requested(self) -> bool:
+        """A checkpoint on demand: the file OUT/CHECKPOINT (removed once seen) or SIGUSR2 to rank 0.
+
+        (MPICH's mpiexec does not forward SIGUSR2 - it dies of it - so the file works with every launcher.)"""
+        trigger = self.out / "CHECKPOINT"
+        if trigger.exists():
+            trigger.unlink(missing_ok=True)
+            return True
+        return signals.checkpoint_requested()
+
+    def checkpoint_due(self, done: int) -> bool:
+        """Whether to checkpoint after `done` steps, before the last one (the end has its own rule)."""
+        every = self.settings.checkpoint_every
+        due = bool(every) and done % every == 0
+        return (due or self.checkpoint_requested()) and done < self.settings.steps
+
+    def checkpoint_at_end(self) -> bool:
+        """Whether to checkpoint when the loop ends: with --checkpoint-every, after a stop signal, or on demand."""
+        return self.settings.checkpoint_every is not None or self.stopped_by is not None or self.checkpoint_requested()
+
+    def after_step(self, step: int, train_loss: float) -> bool:
+        """Evaluate when due and apply the target-loss rule; returns True when the run should stop."""
+        every = self.settings.eval_every
+        self._recent_losses = [*self._recent_losses[-every + 1:], train_loss]
+        last = step + 1 == self.settings.steps
+        stop = self.stop_signal(step + 1) and not last
+        if (step + 1) % every and not last and not stop:
+            return False
+        began = time.monotonic()
+        metrics = self.evaluate()
+        self.eval_seconds += time.monotonic() - began
+        self.last_eval = {"step": step, **metrics}
+        self.write({"event": "eval", **self.last_eval})
+        target = self.settings.target_loss
+        # without a full training-set evaluation, the target is checked on the recent minibatch losses
+        loss = metrics.get("train_loss", _nanmean(self._recent_losses))
+        if target is not None and loss <= target:
+            log.info("step %d: training loss %.4f reached the target %.4g", step, loss, target)
+            self.stopped_early = not last
+            return True
+        return stop
+
+
+def _nanmean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan
