@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .message import MessageRecord
 from .metrics import read_metrics
 
 
@@ -66,8 +67,8 @@ def summarize_run(run_dir: Path, target_loss: float | None, dgd_median: float | 
             if loss <= target_loss:
                 hit_step, hit_time = step + 1, wall
                 break
-    messages = [m for r in steps for m in r.get("messages", [])]
-    compute = sum(m[3] for m in messages)
+    messages = [MessageRecord(*m) for r in steps for m in r.get("messages", [])]
+    compute = sum(m.compute_time for m in messages if m.verdict != "rejected")
     wall_total = steps[-1]["wall_time"] if steps else math.nan
     final = evals[-1].get("test_accuracy") if evals else None
     staleness = [r["max_staleness"] for r in steps]
@@ -77,7 +78,7 @@ def summarize_run(run_dir: Path, target_loss: float | None, dgd_median: float | 
         step_time_vs_dgd=median / dgd_median if dgd_median else None,
         steps_to_target=hit_step, time_to_target=hit_time, final_test_accuracy=final,
         utilization=compute / (n * wall_total) if wall_total and wall_total > 0 else math.nan,
-        wasted_gradients=int(sum(m[4] for m in messages if m[5] != "used")),
+        wasted_gradients=int(sum(m.gradients for m in messages if m.verdict != "used")),
         bytes_per_step=steps[-1]["bytes_received"] / len(steps) if steps else math.nan,
         max_staleness=int(max(staleness, default=0)), mean_staleness=float(np.mean(staleness)) if staleness else 0.0,
     )
@@ -86,5 +87,6 @@ def summarize_run(run_dir: Path, target_loss: float | None, dgd_median: float | 
 def realized_delays(run_dir: Path) -> list[tuple[int, int, float]]:
     """(worker, step, injected delay) of every message a run's master received: a replayable trace."""
     _, steps, _ = load_run(run_dir)
-    seen = {(m[0], m[1]): m[2] for r in steps for m in r.get("messages", [])}
+    messages = [MessageRecord(*m) for r in steps for m in r.get("messages", [])]
+    seen = {(m.worker, m.step): m.delay for m in messages if m.verdict != "rejected"}
     return [(w, s, d) for (w, s), d in sorted(seen.items())]

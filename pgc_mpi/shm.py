@@ -14,8 +14,8 @@ the file was removed (tests/test_slurm.py makes this happen on purpose).
 Two defences, both Linux-only (/proc) and no-ops elsewhere:
 - `unlink_own_segments` (pgc-train's main, once the world communicator is duplicated): once every
   rank has finished MPI_Init, the segment's name is no longer needed (every local rank has it
-  mapped), so each rank unlinks the names it maps. The memory lives on until the job ends, and nothing is left behind however the
-  job ends.
+  mapped), so each rank unlinks the names it maps. The memory lives on until the job ends, and
+  nothing is left behind however the job ends.
 - `remove_stale` (pgc-train's entry, on every rank before MPI_Init, so on every node): delete
   segments that no process maps any more, left by other MPI programs that were killed.
 

@@ -11,6 +11,7 @@ import pytest
 from pgc_mpi.bench import load_experiment, plan
 from pgc_mpi.bench import main as bench
 from pgc_mpi.errors import ConfigError
+from pgc_mpi.message import MessageRecord
 from pgc_mpi.metrics import read_metrics
 from pgc_mpi.plot import main as plot
 from pgc_mpi.results import realized_delays
@@ -35,7 +36,7 @@ def test_the_table_is_computed_from_the_metrics(experiment):
         steps = [r for r in read_metrics(experiment / f"{scheme}-s1-seed0" / "metrics.jsonl") if "event" not in r]
         medians[scheme] = float(np.median([r["step_time"] for r in steps]))
         assert float(rows[scheme]["median_step_time"]) == pytest.approx(medians[scheme])
-        wasted = sum(m[4] for r in steps for m in r["messages"] if m[5] != "used")
+        wasted = sum(m.gradients for r in steps for m in map(MessageRecord._make, r["messages"]) if m.verdict != "used")
         assert int(rows[scheme]["wasted_gradients"]) == wasted
     assert float(rows["pgc-cr"]["step_time_vs_dgd"]) == pytest.approx(medians["pgc-cr"] / medians["dgd"])
     assert "| pgc-cr | 1 |" in (experiment / "results.md").read_text()

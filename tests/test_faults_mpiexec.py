@@ -14,6 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
+from pgc_mpi.message import MessageRecord
+
 from helpers import MPIEXEC, events_of, leaked_segments, mpi_env, mpich_segments, run_train, steps_of
 
 BASE = ["--dtype", "float64", "--eval-every", "1000", "--batch-size", "16", "--lr", "0.3", "--seed", "5"]
@@ -85,7 +87,7 @@ def test_garbage_from_a_worker_never_enters_the_model(tmp_path, fault):
     assert proc.returncode == 0, proc.stderr[-2000:]
     steps = steps_of(tmp_path)
     assert all(2 not in r["used"] for r in steps[4:])
-    assert sum(m[5] == "rejected" for r in steps for m in r["messages"]) >= 10
+    assert sum(MessageRecord._make(m).verdict == "rejected" for r in steps for m in r["messages"]) >= 10
     summary = events_of(tmp_path, "summary")[0]
     assert summary["rejected_messages"] >= 10 and np.isfinite(summary["final_test_loss"])
     reason = "NaN or Inf" if fault != "badsize" else "bytes, expected"

@@ -7,6 +7,7 @@ import pytest
 
 from pgc_mpi.collector import DeadlineMissed
 from pgc_mpi.config import SimConfig
+from pgc_mpi.message import MessageRecord
 from pgc_mpi.problems import LeastSquares, Logistic
 from pgc_mpi.schemes import make_scheme
 from pgc_mpi.sim import replay, simulate
@@ -137,3 +138,40 @@ def test_simulator_refuses_a_bad_deadline_like_pgc_train(deadline, policy, messa
         SimConfig(scheme="dgd", workers=4, stragglers=0, steps=3, deadline=deadline, on_deadline=policy)
     with pytest.raises(ConfigError, match=message):
         TrainConfig(deadline=deadline, on_deadline=policy).validate(workers=4)
+
+
+def test_pbs_obeys_the_deadline_policies_like_the_master(lsq12):
+    # workers 3 and 4 both hold partition 4 (cyclic, c = 2): once they hang, the table goes stale
+    base = dict(scheme="pbs", workers=12, stragglers=1, steps=20, delay="hang:3@4+hang:4@4", deadline=3.0)
+    with pytest.raises(DeadlineMissed, match="partitions \\[4\\]"):
+        simulate(SimConfig(**base, on_deadline="fail"), lsq12)
+    res = simulate(SimConfig(**base, on_deadline="partial"), lsq12)
+    assert len(res.records) == 20 and res.stalled is None
+    missed = [r for r in res.records if r["deadline_missed"]]
+    assert missed and all(r["partial"] and r["step_time"] == pytest.approx(3.0) for r in missed)
+    assert all(r["ages"][4] >= 2 for r in missed)  # the lost partition's entry only ages
+    waited = simulate(SimConfig(**base, on_deadline="wait"), lsq12)
+    assert waited.stalled is not None and "partitions [4]" in waited.stalled
+
+
+def test_pbs_rejects_messages_over_max_staleness(lsq12):
+    cfg = SimConfig(scheme="pbs", workers=12, stragglers=1, steps=40, delay="random:2:2.5", max_staleness=1, seed=3)
+    res = simulate(cfg, lsq12)
+    rejected = [r for r in res.records if r["rejected"]]
+    assert rejected
+    for r in res.records:
+        for m in map(MessageRecord._make, r["messages"]):
+            assert m.verdict == "stale" or r["step"] - m.step <= 1
+    unbounded = simulate(SimConfig(**{**cfg.__dict__, "max_staleness": None}), lsq12)
+    assert not any(r["rejected"] for r in unbounded.records)
+
+
+def test_simulator_and_master_share_the_step_record_layout(lsq12):
+    coded = simulate(SimConfig(scheme="pgc-cr", workers=12, stragglers=1, steps=3, delay="exp:1.0"), lsq12)
+    table = simulate(SimConfig(scheme="pbs", workers=12, stragglers=1, steps=3, delay="exp:1.0"), lsq12)
+    shared = {"step", "wall_time", "step_time", "decode_time", "bytes_received", "arrivals", "used", "late",
+              "rejected", "deadline_missed", "partial", "residual", "max_staleness", "messages", "train_loss"}
+    assert shared <= set(coded.records[0]) and shared <= set(table.records[0])
+    assert "versions" in coded.records[0] and "ages" in table.records[0]
+    m = MessageRecord._make(coded.records[0]["messages"][0])
+    assert m.verdict in ("used", "accepted") and m.compute_time == 1.0

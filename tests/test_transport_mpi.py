@@ -10,11 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from pgc_mpi.transport import Layout, MasterTransport, WorkerTransport, duplicate_world
+from pgc_mpi.message import Layout, Message, gradient_header
+from pgc_mpi.transport import MasterTransport, WorkerTransport, duplicate_world
 
 
-def _layout() -> Layout:
-    return Layout(header=6, dim=1000, dtype=np.float32)
+def _layout(dim: int = 1000) -> Layout:
+    return Layout(gradient_header(2), dim=dim, dtype=np.float32)
 
 
 def _master_collect(link: MasterTransport, n: int, timeout: float = 30.0) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -43,7 +44,8 @@ def test_models_out_coded_gradients_in_and_a_clean_stop():
         got = _master_collect(link, n)
         assert sorted(got) == list(range(n))
         for i, (header, payload) in got.items():
-            assert header[:2].tolist() == [3, i]
+            msg = Message.read(header)
+            assert (msg.step, msg.worker, msg.versions, msg.loss) == (3, i, (2, 3), 0.5)
             np.testing.assert_array_equal(payload, sent * (i + 1))
         assert link.bytes_received == n * _layout().nbytes
         assert link.shutdown(grace=20) == []
@@ -52,7 +54,7 @@ def test_models_out_coded_gradients_in_and_a_clean_stop():
         assert link.next_model() == 3
         np.testing.assert_array_equal(link.model, w)
         link.payload[:] = link.model * comm.Get_rank()
-        link.header[:] = (3, comm.Get_rank() - 1, -1, 0.5, 2, 3)
+        Message(3, comm.Get_rank() - 1, (2, 3), loss=0.5).write(link.header)
         link.send()
         assert link.next_model() is None and link.stopped
         link.confirm_stop()
@@ -72,7 +74,7 @@ def test_a_worker_that_fell_behind_keeps_only_the_newest_model():
             for i in range(n):
                 link.send_model(i)
         got = _master_collect(link, n)
-        assert all(header[0] == 3 for header, _ in got.values())
+        assert all(header["step"] == 3 for header, _ in got.values())
         assert link.shutdown(grace=20) == []
     else:
         link = WorkerTransport(comm, _layout(), poll_interval=0.001)
@@ -85,7 +87,7 @@ def test_a_worker_that_fell_behind_keeps_only_the_newest_model():
                 seen.append(newer)
         assert seen == sorted(seen) and seen[-1] == 3  # never an older model after a newer one
         assert (link.model == 3).all()
-        link.header[0] = 3
+        link.header["step"] = 3
         link.send()
         assert link.next_model() is None
         link.confirm_stop()
@@ -97,7 +99,7 @@ def test_a_late_gradient_sent_while_stopping_is_received_not_left_pending():
     comm = duplicate_world()
     n = comm.Get_size() - 1
     if comm.Get_rank() == 0:
-        link = MasterTransport(comm, n, Layout(6, 2_000_000, np.float32), poll_interval=0.001)
+        link = MasterTransport(comm, n, _layout(2_000_000), poll_interval=0.001)
         for i in range(n):
             link.post(i)
         link.publish(0, np.zeros(2_000_000, dtype=np.float32))
@@ -105,7 +107,7 @@ def test_a_late_gradient_sent_while_stopping_is_received_not_left_pending():
             link.send_model(i)
         assert link.shutdown(grace=30) == []  # stop before any gradient came back
     else:
-        link = WorkerTransport(comm, Layout(6, 2_000_000, np.float32), poll_interval=0.001)
+        link = WorkerTransport(comm, _layout(2_000_000), poll_interval=0.001)
         assert link.next_model() == 0
         time.sleep(0.2)
         link.send()  # 8 MB: a rendezvous send that needs the master's receive to still be posted
