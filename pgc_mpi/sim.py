@@ -151,6 +151,12 @@ class SimWorkers:
                       compute_time=self.cfg.compute_time * len(fresh))
         return at, msg, self.builder.message(worker, self.versions[worker])
 
+    def can_refresh(self, partitions: list[int]) -> bool:
+        """Whether every one of `partitions` has a holder that has not hung (pbs workers never
+        stop computing, so without one the table stays stale while time runs on forever)."""
+        live = [i for i in range(self.scheme.n) if self.until[i] < math.inf]
+        return all(any(j in self.scheme.placement[i] for i in live) for j in partitions)
+
     def oldest_version(self) -> int:
         """The oldest model a live worker's buffers or jobs still refer to (hung workers excluded:
         their buffers are never sent again and must not pin old models in memory)."""
@@ -214,7 +220,7 @@ def _collect(collector: CodedCollector | TableCollector, workers: SimWorkers, cf
             dec = collector.on_deadline(cfg.on_deadline)  # may raise DeadlineMissed
             if dec is not None:
                 return dec, missed, deadline_at, arrived
-        if nxt == math.inf:
+        if nxt == math.inf or (math.isinf(deadline_at) or missed) and _hopeless(collector, workers):
             return None, missed, now, arrived
         now = nxt
         _deliver(collector, workers)
@@ -224,6 +230,11 @@ def _collect(collector: CodedCollector | TableCollector, workers: SimWorkers, cf
                 _deliver(collector, workers)
                 arrived += 1
             return collector.decode(), missed, now, arrived
+
+
+def _hopeless(collector: CodedCollector | TableCollector, workers: SimWorkers) -> bool:
+    """pbs: a partition the table lacks can never be refreshed (all its holders hung)."""
+    return workers.table and math.inf in workers.until and not workers.can_refresh(collector.waiting_for())
 
 
 def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers) -> None:
