@@ -25,7 +25,9 @@ import numpy as np
 from mpi4py import MPI
 
 from pgc_mpi.optim import FlatOptimizer
-from pgc_mpi.transport import Layout, MasterTransport, WorkerTransport, duplicate_world
+from pgc_mpi import shm
+from pgc_mpi.message import Layout, gradient_header
+from pgc_mpi.transport import MasterTransport, WorkerTransport, duplicate_world
 
 
 def polite_barrier(comm: MPI.Comm) -> None:
@@ -57,12 +59,12 @@ def pingpong(comm: MPI.Comm, d: int, reps: int) -> float:
 def master_steps(comm: MPI.Comm, d: int, steps: int, poll: float) -> dict[str, float]:
     """Per-step cost of the real master loop with instantly answering workers."""
     n = comm.size - 1
-    layout = Layout(8, d, np.float32)
+    layout = Layout(gradient_header(1), d, np.float32)
     if comm.rank > 0:
         link = WorkerTransport(comm, layout, poll_interval=poll)
         link.payload[:] = 1.0
         while (step := link.next_model()) is not None:
-            link.header[0] = step
+            link.header["step"] = step
             link.send()
         link.confirm_stop()
         return {}
@@ -123,6 +125,7 @@ def main() -> None:
     p.add_argument("--poll-interval", type=float, default=0.0005, help="seconds (pgc-train's --poll-interval)")
     args = p.parse_args()
     comm = duplicate_world()
+    shm.unlink_own_segments()  # the job is up: a killed run leaves no MPICH segment behind (pgc_mpi.shm)
     n = comm.size - 1
     rows = []
     for d in args.sizes:

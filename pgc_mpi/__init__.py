@@ -1,9 +1,40 @@
-"""pgc-mpi: pipelined gradient coding and its baselines on an MPI parameter server."""
+"""pgc-mpi: pipelined gradient coding and its baselines on an MPI parameter server.
+
+The public API is what `__all__` lists (the README's "Python API" shows it in use). Names are
+imported on first use, so `import pgc_mpi` (and `pgc-train --help`, and every configuration
+error) costs no torch import.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
 
 from .errors import ConfigError, NotDecodable, PgcError, SchemeError
 from .schemes import SCHEME_NAMES, make_scheme
 
 __version__ = "0.1.0"
+
+# name -> module that defines it (imported when the name is first used)
+_LAZY = {
+    "TrainConfig": "config",
+    "SimConfig": "config",
+    "simulate": "sim",
+    "replay": "sim",
+    "SimResult": "sim",
+    "LeastSquares": "problems",
+    "Logistic": "problems",
+    "FlatParams": "models",
+    "TorchProblem": "models",
+    "open_dataset": "datasets",
+    "DelayModel": "stragglers",
+    "write_trace": "stragglers",
+    "realized_delays": "results",
+    "summarize_run": "results",
+    "read_metrics": "metrics",
+    "Message": "message",
+    "MessageRecord": "message",
+}
 
 __all__ = [
     "SCHEME_NAMES",
@@ -13,4 +44,17 @@ __all__ = [
     "SchemeError",
     "make_scheme",
     "__version__",
+    *sorted(_LAZY),
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'pgc_mpi' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
