@@ -20,6 +20,7 @@ file under a checkpoint's name; the last `keep` checkpoints are kept.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,11 +53,13 @@ class Checkpoint:
     rng: torch.Tensor
 
 
-def run_identity(scheme, dim: int, *, dtype: str, model: str, dataset: str, seed: int) -> dict[str, Any]:
+def run_identity(scheme, dim: int, *, dtype: str, model: str, dataset: str, seed: int,
+                 optimizer: str) -> dict[str, Any]:
     """What a checkpoint must match to be resumed by a run: the scheme's shape, the model, the
-    data, the dtype and the seed (everything random in a run follows from the seed)."""
+    data, the dtype, the seed (everything random in a run follows from the seed) and the
+    optimizer (its state has a different shape for each)."""
     return {"scheme": scheme.name, "n": scheme.n, "s": scheme.s, "c": scheme.c, "dim": dim, "dtype": dtype,
-            "model": model, "dataset": dataset, "seed": seed}
+            "model": model, "dataset": dataset, "seed": seed, "optimizer": optimizer}
 
 
 @dataclass(frozen=True)
@@ -142,14 +145,64 @@ def load(path: Path, identity: dict[str, Any], encoding: np.ndarray | None = Non
                                           f"resume with the same {key} or start a new run")
             if encoding is not None and not np.array_equal(f["encoding_matrix"][...], encoding):
                 raise CheckpointError(f"{path}: its encoding matrix differs from this run's (other seed?)")
-            state = {key: torch.from_numpy(np.asarray(f["optimizer"][key][...])) for key in f["optimizer"]}
-            optimizer = {"state": {0: state} if state else {}, "param_groups": json.loads(f.attrs["param_groups"])}
-            table = "table" in f
-            return Checkpoint(
-                path=Path(path), step=int(f.attrs["step"]), params=f["params"][...], optimizer=optimizer,
-                table_grads=f["table/grads"][...] if table else None,
-                table_versions=f["table/versions"][...] if table else None,
-                rng=torch.from_numpy(f["torch_rng"][...]),
-            )
+            return _read_checked(f, Path(path), identity)
         except KeyError as exc:
             raise CheckpointError(f"{path}: incomplete checkpoint (missing {exc}); use an earlier one") from None
+
+
+def _read_checked(f, path: Path, identity: dict[str, Any]) -> Checkpoint:
+    """Every array and scalar of an open checkpoint, checked against the run before anything is
+    loaded: a crafted or damaged file must not broadcast a short array into the parameters,
+    smuggle NaN into them, or set a learning rate the configuration would refuse."""
+    dim, dtype = identity.get("dim"), identity.get("dtype")
+    params = _array(f, "params", path, (dim,) if dim is not None else None, dtype)
+    state = {key: torch.from_numpy(_array(f, f"optimizer/{key}", path, (dim,) if key != "step" else (),
+                                          dtype if key != "step" else None)) for key in f["optimizer"]}
+    groups = _param_groups(f.attrs["param_groups"], path)
+    step = f.attrs["step"]
+    if not isinstance(step, (int, np.integer)) or step < 0:
+        raise CheckpointError(f"{path}: its step attribute {step!r} is not a non-negative integer; "
+                              f"use another checkpoint")
+    table = "table" in f
+    n = identity.get("n")
+    rng = _array(f, "torch_rng", path, tuple(torch.get_rng_state().shape), "uint8")
+    optimizer = {"state": {0: state} if state else {}, "param_groups": groups}
+    return Checkpoint(
+        path=path, step=int(step), params=params, optimizer=optimizer,
+        table_grads=_array(f, "table/grads", path, (n, dim) if n is not None else None, dtype) if table else None,
+        table_versions=_array(f, "table/versions", path, (n,) if n is not None else None, "int64") if table else None,
+        rng=torch.from_numpy(rng),
+    )
+
+
+def _array(f, name: str, path: Path, shape: tuple | None, dtype: str | None) -> np.ndarray:
+    """Dataset `name`, refused unless it has this shape (None: any) and dtype (None: any float) and is finite."""
+    data = f[name]
+    if shape is not None and tuple(data.shape) != tuple(shape):
+        raise CheckpointError(f"{path}: {name} has shape {tuple(data.shape)}, this run needs {tuple(shape)}; "
+                              f"the checkpoint is damaged or from another run")
+    want = np.dtype(dtype) if dtype is not None else None
+    if (want is not None and data.dtype != want) or (want is None and data.dtype.kind != "f"):
+        raise CheckpointError(f"{path}: {name} is {data.dtype}, this run needs {want or 'floats'}; "
+                              f"the checkpoint is damaged or from another run")
+    values = data[...]
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        raise CheckpointError(f"{path}: {name} contains NaN or Inf; resume from an earlier checkpoint")
+    return values
+
+
+def _param_groups(text: Any, path: Path) -> list[dict[str, Any]]:
+    """The optimizer's hyper-parameters: one group whose numbers are finite and in range."""
+    try:
+        groups = json.loads(text)
+    except (TypeError, ValueError):
+        groups = None
+    ok = isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict)
+    if ok:
+        lr, momentum = groups[0].get("lr"), groups[0].get("momentum", 0.0)
+        ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (lr, momentum)) and lr > 0 and \
+            0 <= momentum < 1
+    if not ok:
+        raise CheckpointError(f"{path}: its optimizer settings (param_groups) are damaged or out of range; "
+                              f"use another checkpoint")
+    return groups

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import Field, dataclass, fields
@@ -43,6 +44,17 @@ def check_deadline(deadline: float | None, policy: str) -> None:
         raise ConfigError(f"--deadline must be a number > 0, got {deadline!r}")
     if policy not in DEADLINE_POLICIES:
         raise ConfigError(f"--on-deadline {policy!r} is not one of: {', '.join(DEADLINE_POLICIES)}")
+
+
+MAX_SEED = 2**63 - 1
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover (macOS)
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -77,8 +89,11 @@ class CoreConfig:
         check_deadline(self.deadline, self.on_deadline)
         if self.max_staleness is not None:
             _nonnegative_int("max-staleness", self.max_staleness)
-        # numpy's seeded generators (partitions, minibatches, delays) reject negative seeds
+        # numpy's seeded generators (partitions, minibatches, delays) reject negative seeds, torch's
+        # seeds and the checkpoints' int64 attributes stop at 2**63 - 1
         _nonnegative_int("seed", self.seed)
+        if self.seed > MAX_SEED:
+            raise ConfigError(f"--seed must be at most 2**63 - 1 = {MAX_SEED}, got {self.seed}")
         if not _is_int(workers) or workers < 1:
             raise ConfigError(self._too_few_workers(workers))
         try:
@@ -130,10 +145,18 @@ class TrainConfig(CoreConfig):
         _positive_int("batch-size", self.batch_size)
         _positive_int("eval-every", self.eval_every)
         _positive_int("threads", self.threads)
+        cores = available_cores()
+        if self.threads > cores:  # torch aborts in native code when asked for a million threads
+            raise ConfigError(f"--threads {self.threads} is more than the {cores} cores this process may use; "
+                              f"use at most {cores} (OMP_NUM_THREADS, or the cores Slurm gives each task)")
         _choice("model", self.model, MODELS)
         _choice("dtype", self.dtype, DTYPE_NAMES)
         _positive("grace", self.grace)
         _positive("poll-interval", self.poll_interval)
+        if self.poll_interval > self.grace:
+            raise ConfigError(f"--poll-interval {self.poll_interval:g} s is longer than --grace {self.grace:g} s: "
+                              f"the end of a run could not notice its workers in time; use a poll interval of "
+                              f"at most --grace (the default 0.002 s suits almost every run)")
         if self.target_loss is not None and not (_is_number(self.target_loss) and math.isfinite(self.target_loss)):
             raise ConfigError(f"--target-loss must be a finite number, got {self.target_loss}")
         if self.checkpoint_every is not None:
@@ -349,6 +372,10 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot read it ({exc.strerror})") from None
     types = {f.name: f.type for f in fields(TrainConfig)}
     out = {}
     for key, value in raw.items():

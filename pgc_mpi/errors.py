@@ -17,3 +17,7 @@ class NotDecodable(PgcError):
 
 class ConfigError(PgcError, ValueError):
     """An invalid run configuration: a flag, a TOML key or a combination of them."""
+
+
+class Diverged(PgcError):
+    """Training produced non-finite numbers: every worker's gradient, or the parameters themselves."""

@@ -20,9 +20,9 @@ import torch
 from .checkpoint import Checkpoint, Checkpointer
 from .collector import Decoded, make_collector
 from .control import RunControl
-from .errors import NotDecodable
+from .errors import Diverged, NotDecodable
 from .message import Message
-from .metrics import MetricsWriter, Progress
+from .metrics import MetricsWriter, Progress, RepeatedWarnings
 from .optim import FlatOptimizer
 from .problems import Problem
 from .schemes import CodedScheme, PbsScheme
@@ -61,6 +61,7 @@ class RunTotals:
     rejected: int = 0  # over --max-staleness
     deadline_missed: int = 0
     rejected_messages: int = 0  # malformed or non-finite: never let into the model
+    diverged: str | None = None  # why training stopped on non-finite numbers
 
 
 class Master:
@@ -81,20 +82,34 @@ class Master:
         self.busy = [False] * self.n  # a model is out with the worker and its answer is not back
         self._started = time.monotonic()
         self._decode_time = 0.0
+        self._warnings = RepeatedWarnings(log)
+        self._rejected: dict[int, str] = {}  # this step's rejected workers and why (kind)
         self.start = 0
         if resume is not None:
             self._restore(resume)
         self.trajectory: list[np.ndarray] = [self.w.copy()] if settings.record_params else []
 
     def _restore(self, resume: Checkpoint) -> None:
+        """Continue from a checkpoint: its state, and this run's flags for the learning rate and
+        momentum (a resumed run is often restarted with a new schedule on purpose)."""
         np.copyto(self.w, resume.params)
         self.opt.opt.load_state_dict(resume.optimizer)
+        group = self.opt.opt.param_groups[0]
+        before = {key: group[key] for key in ("lr", "momentum") if key in group}
+        group["lr"] = self.settings.lr
+        if "momentum" in group and self.settings.optimizer == "momentum":
+            group["momentum"] = self.settings.momentum
         torch.set_rng_state(resume.rng)
-        if resume.table_grads is not None:
+        table = resume.table_grads is not None
+        if table:
             self.collector.table.grads[...] = resume.table_grads
             self.collector.table.versions[...] = resume.table_versions
         self.start = self.totals.steps = resume.step
-        log.info("resumed from %s at step %d", resume.path, resume.step)
+        changed = ", ".join(f"{k} {before[k]:g} -> {group[k]:g}" for k in before if before[k] != group[k])
+        log.info("resumed from %s at step %d: parameters, optimizer state, RNG%s from the checkpoint; "
+                 "lr %g%s from the flags%s", resume.path, resume.step, ", pbs table" if table else "",
+                 group["lr"], f", momentum {group['momentum']:g}" if self.settings.optimizer == "momentum" else "",
+                 f" ({changed})" if changed else "")
 
     def run(self, control: RunControl) -> RunTotals:
         """Train until the last step, the target loss or a stop signal (as `control` decides)."""
@@ -103,15 +118,28 @@ class Master:
             self.link.post(i)
         for t in range(self.start, self.settings.steps):
             began = time.monotonic()
-            dec, missed = self._collect(t, began)
-            if dec is None:  # a stop signal: the step in progress is abandoned
+            try:
+                dec, missed = self._collect(t, began)
+                if dec is None:  # a stop signal: the step in progress is abandoned
+                    break
+                self._update(t)
+            except Diverged as exc:  # no checkpoint of non-finite numbers: the last finite one stays
+                log.error("%s", exc)
+                self.totals.diverged = str(exc)
                 break
-            self.opt.step()
             if self._finish_step(t, began, dec, missed):
                 break
-        if control.checkpoint_at_end():
+        self._warnings.flush()
+        if self.totals.diverged is None and control.checkpoint_at_end():
             self.checkpoint()
         return self.totals
+
+    def _update(self, t: int) -> None:
+        """The optimizer step; parameters that are no longer finite end the run."""
+        self.opt.step()
+        if not np.isfinite(self.w.sum()):
+            raise Diverged(f"training diverged at step {t}: the parameters became NaN or Inf after the update "
+                           f"(lower --lr, or check the data for NaN/Inf)")
 
     def checkpoint(self) -> None:
         """Write a checkpoint of the state after the steps done so far."""
@@ -126,6 +154,7 @@ class Master:
         collector, deadline = self.collector, self.settings.deadline
         collector.begin(t)
         self._decode_time = 0.0
+        self._rejected = {}
         self.link.publish(t, self.w)
         deadline_at = began + deadline if deadline is not None else math.inf
         reminder, missed = began + WAIT_REMINDER, False
@@ -138,6 +167,7 @@ class Master:
             self._count_malformed(t)
             for i in arrived:
                 self._receive(t, i)
+            self._check_rejections(t)
             if collector.ready():
                 try:
                     return self._timed(collector.decode), missed
@@ -181,37 +211,58 @@ class Master:
         """Judge one arrived message, offer it to the collector, and free its buffer unless held."""
         self.busy[worker] = False
         msg = Message.read(self.link.headers[worker])
-        why = self._fault(worker, msg)
-        if why is None:
+        kind, why = self._fault(worker, msg)
+        if kind is None:
             verdict = self._timed(lambda: self.collector.offer(msg, self.link.payloads[worker]))
             if verdict in ("future", "unknown", "duplicate"):
-                why = (f"a {verdict} message (header says worker {msg.worker}, step {msg.step}, "
-                       f"partition {msg.partition})")
-        if why is not None:
-            self._reject(t, worker, why)
+                kind, why = verdict, (f"a {verdict} message (header says worker {msg.worker}, step {msg.step}, "
+                                      f"partition {msg.partition})")
         if worker not in self.collector.held:
             self.link.post(worker)
+        if kind is not None:
+            self._reject(t, worker, kind, why)
 
-    def _fault(self, worker: int, msg: Message) -> str | None:
-        """Why a received message must not enter the model, or None (a NaN or Inf never does)."""
+    def _fault(self, worker: int, msg: Message) -> tuple[str | None, str]:
+        """(kind, why) a received message must not enter the model, or (None, ""): a NaN or Inf never does."""
         if msg.worker != worker:
-            return f"its header names worker {msg.worker}"
+            return "misaddressed", f"its header names worker {msg.worker}"
         if not np.isfinite(self.link.payloads[worker].sum()):
-            return "the gradient contains NaN or Inf"
-        return None
+            return "non-finite", "the gradient contains NaN or Inf"
+        if not np.isfinite(msg.loss):
+            return "non-finite", "its minibatch loss is NaN or Inf"
+        return None, ""
 
     def _count_malformed(self, t: int) -> None:
         """Messages the transport refused (wrong size): counted and logged; the worker is free again."""
         bad, self.link.malformed[:] = list(self.link.malformed), []
         for worker, why in bad:
             self.busy[worker] = False
-            self._reject(t, worker, why)
+            self._reject(t, worker, "malformed", why)
 
-    def _reject(self, t: int, worker: int, why: str) -> None:
-        """Count and log a message that must not enter the model; its worker counts as a straggler."""
+    def _reject(self, t: int, worker: int, kind: str, why: str) -> None:
+        """Count and log a message that must not enter the model. Its worker counts as a straggler
+        and gets the current model again, once per step (a transient fault then costs one
+        recomputation, and a worker whose data always gives NaN does not spin)."""
         self.totals.rejected_messages += 1
         self.collector.note_rejected(worker)
-        log.warning("step %d: rejected a message from worker %d (rank %d): %s", t, worker, worker + 1, why)
+        if worker not in self._rejected:
+            self.sent[worker] = -1
+        self._warnings.warn((worker, kind), f"step {t}: rejected a message from worker {worker} "
+                                            f"(rank {worker + 1}): {why}")
+        if worker not in self._rejected and len(self._rejected) == self.scheme.s:
+            then = ("without --deadline it completes only if their one retry at the current model succeeds"
+                    if self.settings.deadline is None else f"unless their retries succeed, --on-deadline "
+                    f"{self.settings.on_deadline} applies at the deadline")
+            log.warning("step %d: messages of %d workers %s were rejected, more than s = %d: %s",
+                        t, self.scheme.s + 1, sorted([*self._rejected, worker]), self.scheme.s, then)
+        if kind == "non-finite" or worker not in self._rejected:
+            self._rejected[worker] = kind
+
+    def _check_rejections(self, t: int) -> None:
+        """Training has diverged when every worker has sent non-finite numbers in this step."""
+        if sum(kind == "non-finite" for kind in self._rejected.values()) == self.n:
+            raise Diverged(f"training diverged at step {t}: every worker's gradient or loss is NaN or Inf "
+                           f"(lower --lr, or check the data and the checkpoint for NaN/Inf)")
 
     def _finish_step(self, t: int, began: float, dec: Decoded, missed: bool) -> bool:
         """Release held buffers, log the step, checkpoint when due; returns True to stop."""

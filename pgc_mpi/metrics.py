@@ -104,3 +104,30 @@ class Progress:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+class RepeatedWarnings:
+    """Warnings that can repeat every step (a worker sending NaN, say): the first of each kind is
+    logged, the rest counted, and `flush()` logs one line per kind with its count. A flood of
+    identical lines hides the one that matters and slows the master down."""
+
+    def __init__(self, log: logging.Logger):
+        self.log = log
+        self.counts: dict[tuple, int] = {}
+        self._first: dict[tuple, str] = {}
+
+    def warn(self, key: tuple, message: str) -> None:
+        """Log `message` if it is the first of its `key`, else count it."""
+        seen = self.counts.get(key, 0)
+        self.counts[key] = seen + 1
+        if not seen:
+            self._first[key] = message
+            self.log.warning("%s (repeats of this are counted and reported at the end)", message)
+
+    def flush(self) -> None:
+        """Log how often each warning repeated, then start counting afresh."""
+        for key, count in self.counts.items():
+            if count > 1:
+                self.log.warning("%d more like this: %s", count - 1, self._first[key])
+        self.counts.clear()
+        self._first.clear()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import math
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +44,7 @@ class _Term:
     kind: str
     values: tuple[float, ...] = ()
     workers: tuple[int, ...] = ()
-    table: dict[tuple[int, int], float] = field(default_factory=dict, compare=False)
+    table: Trace | None = field(default=None, compare=False)
 
 
 class DelayModel:
@@ -98,7 +99,7 @@ class DelayModel:
             return v[1] if worker in chosen else 0.0
         if kind == "hang":
             return HANG if worker in term.workers and step >= v[0] else 0.0
-        return term.table.get((worker, step), 0.0)  # trace
+        return term.table.get(worker, step)  # trace
 
     def _slow(self, index: int, term: _Term, worker: int, step: int) -> bool:
         """State of the worker's two-state chain at `step` (computed from step 0, memoized)."""
@@ -186,25 +187,69 @@ def _parse_term(term: str, n: int, spec: str) -> _Term:
     raise ConfigError(f"--delay {spec!r} is not a straggler model: {USAGE}")
 
 
-def read_trace(path: Path, n: int) -> dict[tuple[int, int], float]:
-    """{(worker, step): delay} from a CSV with a header row naming worker, step and delay."""
+# A trace is read by every rank; beyond this size it is almost surely not a trace of this run
+# (64 MiB holds about 3.5 million worker,step,delay rows).
+MAX_TRACE_BYTES = 64 * 2**20
+
+
+class Trace:
+    """Delays replayed from a trace file: sorted (worker, step) keys and their summed delays, as
+    two NumPy arrays (a dict of millions of tuples would take gigabytes)."""
+
+    def __init__(self, workers: np.ndarray, steps: np.ndarray, delays: np.ndarray):
+        keys = workers.astype(np.int64) << 40 | steps.astype(np.int64)
+        self.keys, inverse = np.unique(keys, return_inverse=True)
+        self.delays = np.zeros(len(self.keys))
+        np.add.at(self.delays, inverse, delays)  # repeated (worker, step) rows add up
+
+    def get(self, worker: int, step: int) -> float:
+        """The delay of (worker, step); 0 when the trace has none."""
+        key = worker << 40 | step
+        k = int(np.searchsorted(self.keys, key))
+        return float(self.delays[k]) if k < len(self.keys) and self.keys[k] == key else 0.0
+
+
+def read_trace(path: Path, n: int) -> Trace:
+    """The delays of a CSV trace with a header row naming worker, step and delay (streamed; the
+    first bad line is reported by number)."""
+    where = f"--delay trace:{path}"
     if not path.is_file():
-        raise ConfigError(f"--delay trace:{path}: no such file")
-    table: dict[tuple[int, int], float] = {}
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        if not reader.fieldnames or not {"worker", "step", "delay"} <= set(reader.fieldnames):
-            raise ConfigError(f"--delay trace:{path}: the header must name the columns worker,step,delay")
-        for line, row in enumerate(reader, start=2):
-            try:
-                worker, step, delay = int(row["worker"]), int(row["step"]), float(row["delay"])
-            except (TypeError, ValueError):
-                raise ConfigError(f"--delay trace:{path}: line {line} is not worker,step,delay numbers") from None
-            if not 0 <= worker < n or step < 0 or not delay >= 0:
-                raise ConfigError(f"--delay trace:{path}: line {line}: worker must be in 0..{n - 1}, step >= 0 "
-                                  f"and delay >= 0 (inf for a hang)")
-            table[(worker, step)] = table.get((worker, step), 0.0) + delay
-    return table
+        raise ConfigError(f"{where}: no such file")
+    if path.stat().st_size > MAX_TRACE_BYTES:
+        raise ConfigError(f"{where}: {path.stat().st_size / 2**20:.0f} MiB is more than the {MAX_TRACE_BYTES >> 20} "
+                          f"MiB a trace may have; keep only the workers and steps this run uses")
+    workers, steps, delays = array("q"), array("q"), array("d")
+    line = 1
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            columns = _trace_columns(next(reader, None), where)
+            for line, row in enumerate(reader, start=2):
+                worker, step, delay = _trace_row(row, columns, n, where, line)
+                workers.append(worker)
+                steps.append(step)
+                delays.append(delay)
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: line {line + 1} is not CSV text ({exc})") from None
+    return Trace(np.frombuffer(workers, np.int64), np.frombuffer(steps, np.int64), np.frombuffer(delays))
+
+
+def _trace_columns(header: list[str] | None, where: str) -> tuple[int, int, int]:
+    names = [h.strip() for h in header or []]
+    if not {"worker", "step", "delay"} <= set(names):
+        raise ConfigError(f"{where}: the header must name the columns worker,step,delay")
+    return names.index("worker"), names.index("step"), names.index("delay")
+
+
+def _trace_row(row: list[str], columns: tuple[int, int, int], n: int, where: str, line: int) -> tuple[int, int, float]:
+    try:
+        worker, step, delay = int(row[columns[0]]), int(row[columns[1]]), float(row[columns[2]])
+    except (IndexError, ValueError):
+        raise ConfigError(f"{where}: line {line} is not worker,step,delay numbers") from None
+    if not 0 <= worker < n or not 0 <= step < 2**40 or not delay >= 0:
+        raise ConfigError(f"{where}: line {line}: worker must be in 0..{n - 1}, step in 0..2**40 "
+                          f"and delay >= 0 (inf for a hang)")
+    return worker, step, delay
 
 
 def write_trace(path: Path, rows: list[tuple[int, int, float]]) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import hashlib
+import os
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,9 @@ from .schemes import make_scheme
 from .stragglers import DelayModel
 from .transport import MasterTransport, WorkerTransport, abort, duplicate_world
 from .worker import run_worker
+
+# Exit status of a run that stopped because training produced NaN or Inf (see Master._update).
+EXIT_DIVERGED = 4
 
 
 def _problem(cfg: TrainConfig, n: int, partitions: list[int]):
@@ -74,12 +79,28 @@ def _resolve(argv: list[str], workers: int) -> tuple[str, object, object]:
     except PgcError as exc:
         print(f"pgc-train: error: {exc}", file=sys.stderr, flush=True)
         return "exit", 2, None
+    except KeyboardInterrupt:
+        return "exit", 130, None
+    except Exception as exc:  # noqa: BLE001 - whatever rank 0 raises here must reach every rank, or they wait forever
+        print(f"pgc-train: error: {_one_line(exc)} while setting up the run", file=sys.stderr, flush=True)
+        if os.environ.get("PGC_DEBUG"):
+            traceback.print_exc()
+        else:
+            print("pgc-train: (set PGC_DEBUG=1 for the traceback)", file=sys.stderr, flush=True)
+        return "exit", 1, None
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: its type, and its message's first line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _identity(cfg: TrainConfig, scheme, dim: int) -> dict:
     from .checkpoint import run_identity
 
-    return run_identity(scheme, dim, dtype=cfg.dtype, model=cfg.model, dataset=cfg.dataset, seed=cfg.seed)
+    return run_identity(scheme, dim, dtype=cfg.dtype, model=cfg.model, dataset=cfg.dataset, seed=cfg.seed,
+                        optimizer=cfg.optimizer)
 
 
 def _versions() -> dict[str, str]:
@@ -110,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(**value)
     try:
         return _train(cfg, state, comm, log)
-    except PgcError as exc:
+    except (PgcError, OSError) as exc:  # e.g. a full disk: one line naming the path is the message
         log.error("%s", exc)
         abort(1)
     except BaseException:
@@ -173,8 +194,10 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, re
                     abandoned, [w + 1 for w in abandoned], cfg.grace)
         metrics.write({"event": "shutdown", "abandoned": abandoned})
         metrics.close()
-        abort(signals.EXIT_STOPPED if control.stopped_by else 0)
+        abort(EXIT_DIVERGED if totals.diverged else signals.EXIT_STOPPED if control.stopped_by else 0)
     metrics.close()
+    if totals.diverged:
+        return EXIT_DIVERGED
     if control.stopped_by:
         # every worker has stopped; MPICH's mpiexec does not always report rank 0's own exit
         # status after a forwarded signal, but it always reports an abort's code
@@ -186,7 +209,8 @@ def _summary(totals, control, wall: float, metrics_path: Path) -> dict:
     """The run's final `summary` record."""
     # from the file, not the Master: after a resume it also holds the steps of the earlier part
     step_times = [r["step_time"] for r in _read_steps(metrics_path)]
-    return {"event": "summary", "status": f"stopped by {control.stopped_by}" if control.stopped_by else "completed",
+    status = totals.diverged or (f"stopped by {control.stopped_by}" if control.stopped_by else "completed")
+    return {"event": "summary", "status": status,
             "steps": totals.steps, "wall_time": wall,
             "median_step_time": float(np.median(step_times)) if step_times else None,
             "stragglers_skipped": totals.skipped, "late_messages": totals.late,

@@ -9,6 +9,7 @@ flight per worker, sent from a snapshot so the master can update its parameters 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -33,10 +34,15 @@ class Backoff:
         self.ceiling = ceiling
         self.delay = min(self.FLOOR, ceiling)
 
-    def sleep(self) -> None:
-        """Sleep the current delay, then double it (up to the ceiling)."""
-        time.sleep(self.delay)
+    def sleep(self, until: float = math.inf) -> None:
+        """Sleep the current delay (never past time.monotonic() == until), then double it."""
+        time.sleep(max(0.0, min(self.delay, until - time.monotonic())))
         self.delay = min(2 * self.delay, self.ceiling)
+
+
+def _sleep_until(seconds: float, until: float) -> None:
+    """Sleep `seconds`, but never past time.monotonic() == until (a shutdown's grace is a bound)."""
+    time.sleep(max(0.0, min(seconds, until - time.monotonic())))
 
 
 def duplicate_world(comm: MPI.Comm | None = None) -> MPI.Comm:
@@ -103,7 +109,7 @@ class MasterTransport:
                 return good
             if time.monotonic() >= until:
                 return []
-            backoff.sleep()
+            backoff.sleep(until)
 
     def _completed(self) -> list[int]:
         """Workers whose receive has completed with a well-formed message (one Testsome pass).
@@ -170,7 +176,7 @@ class MasterTransport:
         until = time.monotonic() + grace
         while any(self.model_in_flight(w) for w in range(self.n)) and time.monotonic() < until:
             self._repost_arrived()
-            time.sleep(self.poll_interval)
+            _sleep_until(self.poll_interval, until)
         self._stop_buf = np.zeros(1)
         self._bye_buf = np.zeros((self.n, 1))
         self._stops = [self.comm.Isend([self._stop_buf, MPI.DOUBLE], dest=w + 1, tag=TAG_STOP)
@@ -186,7 +192,7 @@ class MasterTransport:
                     self._reqs[w].Cancel()
                     self._reqs[w].Wait()
             if len(confirmed) < self.n:
-                time.sleep(self.poll_interval)
+                _sleep_until(self.poll_interval, until)
         return sorted(set(range(self.n)) - confirmed)
 
     def _repost_arrived(self) -> None:
