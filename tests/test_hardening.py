@@ -1,0 +1,140 @@
+"""Bad input refused in-process: checkpoints against the run, set-up errors, bounded sleeps, traces."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from pgc_mpi import checkpoint, stragglers
+from pgc_mpi.checkpoint import CheckpointError
+from pgc_mpi.errors import ConfigError
+from pgc_mpi.optim import FlatOptimizer
+from pgc_mpi.stragglers import DelayModel
+
+IDENTITY = {"scheme": "pgc-cr", "n": 4, "s": 1, "c": 2, "dim": 5, "dtype": "float64", "model": "logreg",
+            "dataset": "digits", "optimizer": "momentum"}
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    w = np.linspace(0, 1, 5)
+    opt = FlatOptimizer(w, "momentum", 0.1)
+    opt.grad[:] = 1.0
+    opt.step()
+    return checkpoint.save(tmp_path, 3, w, opt.opt, IDENTITY, {})
+
+
+def _edit(path, name, data):
+    with h5py.File(path, "a") as f:
+        del f[name]
+        f.create_dataset(name, data=data)
+
+
+@pytest.mark.parametrize("name,data,message", [
+    ("params", np.zeros(1), "params has shape \\(1,\\), this run needs \\(5,\\)"),
+    ("params", np.zeros(5, dtype=np.float32), "params is float32, this run needs float64"),
+    ("params", np.array([0, 1, np.nan, 3, 4.0]), "params contains NaN or Inf"),
+    ("optimizer/momentum_buffer", np.zeros(7), "optimizer/momentum_buffer has shape"),
+    ("torch_rng", np.zeros(3, dtype=np.uint8), "torch_rng has shape"),
+])
+def test_a_checkpoint_array_that_does_not_fit_the_run_is_refused(ckpt, name, data, message):
+    _edit(ckpt, name, data)
+    with pytest.raises(CheckpointError, match=message):
+        checkpoint.load(ckpt, IDENTITY)
+
+
+@pytest.mark.parametrize("groups", [
+    [{"lr": float("nan"), "momentum": 0.9}], [{"lr": 0.1, "momentum": 1.5}], [], "not json",
+])
+def test_damaged_optimizer_settings_are_refused(ckpt, groups):
+    with h5py.File(ckpt, "a") as f:
+        f.attrs["param_groups"] = groups if isinstance(groups, str) else json.dumps(groups)
+    with pytest.raises(CheckpointError, match="optimizer settings"):
+        checkpoint.load(ckpt, IDENTITY)
+
+
+def test_a_checkpoint_of_another_optimizer_is_refused(ckpt):
+    with pytest.raises(CheckpointError, match="optimizer = 'momentum', this run has 'adam'"):
+        checkpoint.load(ckpt, {**IDENTITY, "optimizer": "adam"})
+
+
+def test_the_flags_win_over_the_checkpoint_s_learning_rate(tmp_path, caplog):
+    import logging
+
+    from pgc_mpi.master import Master, MasterSettings
+    from pgc_mpi.problems import LeastSquares
+    from pgc_mpi.schemes import make_scheme
+
+    class Link:  # the transport is not used by the constructor beyond its layout's dtype
+        class grad_layout:  # noqa: N801
+            dtype = np.dtype(np.float64)
+
+    problem = LeastSquares(4, samples=40, dim=5)
+    w = np.zeros(5)
+    opt = FlatOptimizer(w, "momentum", 0.1, momentum=0.5)
+    opt.grad[:] = 1.0
+    opt.step()
+    path = checkpoint.save(tmp_path, 3, w, opt.opt, IDENTITY, {})
+    settings = MasterSettings(steps=10, optimizer="momentum", lr=0.02, momentum=0.9)
+    with caplog.at_level(logging.INFO, logger="pgc_mpi"):
+        master = Master(settings, make_scheme("pgc-cr", 4, 1), problem, Link, None, None, None,
+                        checkpoint.load(path, IDENTITY))
+    group = master.opt.opt.param_groups[0]
+    assert group["lr"] == 0.02 and group["momentum"] == 0.9 and master.start == 3
+    np.testing.assert_array_equal(master.opt.opt.state[master.opt.param]["momentum_buffer"].numpy(), np.ones(5))
+    assert "lr 0.1 -> 0.02, momentum 0.5 -> 0.9" in caplog.text and "from the flags" in caplog.text
+
+
+def test_an_unexpected_set_up_error_is_one_line_for_every_rank(monkeypatch, capsys):
+    from pgc_mpi import train
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire\nsecond line")
+
+    monkeypatch.setattr(train, "_problem", broken)
+    assert train._resolve(["--steps", "3"], workers=4) == ("exit", 1, None)
+    err = capsys.readouterr().err
+    assert "pgc-train: error: RuntimeError: disk on fire while setting up the run" in err
+    assert "Traceback" not in err and "second line" not in err
+
+
+def test_sleeps_never_pass_their_bound():
+    from pgc_mpi.transport import Backoff, _sleep_until
+
+    backoff = Backoff(ceiling=100.0)
+    backoff.delay = 100.0
+    began = time.monotonic()
+    backoff.sleep(until=began + 0.05)
+    _sleep_until(100.0, time.monotonic() + 0.05)
+    assert time.monotonic() - began < 2.0
+
+
+def test_a_trace_with_broken_csv_names_the_line(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"worker,step,delay\n0,1,0.5\n1,2,\"" + b"9" * 200_000 + b"\"\n")  # over csv's field limit
+    with pytest.raises(ConfigError, match="line 3 is not CSV text"):
+        DelayModel(f"trace:{path}", n=4)
+    path.write_bytes(b"worker,step,delay\n0,1,\xff\n")
+    with pytest.raises(ConfigError, match="not CSV text"):
+        DelayModel(f"trace:{path}", n=4)
+
+
+def test_an_oversized_trace_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "t.csv"
+    path.write_text("worker,step,delay\n" + "0,1,0.5\n" * 100)
+    monkeypatch.setattr(stragglers, "MAX_TRACE_BYTES", 200)
+    with pytest.raises(ConfigError, match="more than the 0 MiB a trace may have"):
+        DelayModel(f"trace:{path}", n=4)
+
+
+def test_a_large_trace_is_compact_and_sums_repeated_rows(tmp_path):
+    rows = [(w, t, 0.001 * (w + t)) for w in range(50) for t in range(2000)]
+    path = tmp_path / "t.csv"
+    stragglers.write_trace(path, [*rows, (3, 7, 1.0)])
+    model = DelayModel(f"trace:{path}", n=50)
+    assert model.delay(3, 7) == pytest.approx(0.010 + 1.0)
+    assert model.delay(49, 1999) == pytest.approx(0.001 * 2048) and model.delay(0, 5000) == 0.0
