@@ -253,7 +253,7 @@ def test_rows_of_x_and_y_must_match(tmp_path):
 def test_huge_chunks_are_refused(tmp_path):
     path = make_file(tmp_path / "f.h5")
     # a chunk far larger than the data: reading one row would decompress a whole 1 GiB chunk
-    replace(path, "train/x", data=np.zeros((40, 3), np.float32), chunks=(1, 2**28), maxshape=(None, None))
+    replace(path, "train/x", shape=(40, 3), dtype=np.float32, chunks=(1, 2**28), maxshape=(None, None))
     refused(path, r"/train/x has chunks of 1.1 GB")
 
 
