@@ -31,10 +31,13 @@ Two defences, both Linux-only (/proc) and no-ops elsewhere:
   * the kernel grants a write lease on it (fcntl F_SETLEASE), which it does only when no other
     open file anywhere on the node refers to it: no descriptor, no mapping, in any namespace.
     The lease is held while the name is unlinked, so a process cannot start using it in between.
-  And it removes nothing, saying why in one line on stderr, where this process cannot see every
-  process on the node: inside a PID namespace (containers, Slurm setups that isolate jobs), with
-  /proc mounted hidepid=2, or, when not root, when other users' processes cannot be read. It
-  checks that only when there is a candidate, so a clean node stays silent.
+  And it removes nothing, saying why in one line on stderr, where this process cannot list every
+  process on the node: inside a PID namespace (containers, Slurm setups that isolate jobs) or with
+  /proc mounted hidepid=2. Processes it can list but not read (other users' ones, for an ordinary
+  user) do not stop it: for them the kernel's lease is the proof, and a file is removed only
+  when the lease is granted (an ordinary user on a cluster node is the common case, and its
+  jobs are the ones a stale segment hangs). It checks all this only when there is a candidate,
+  so a clean node stays silent.
   PGC_SHM_CLEANUP=0 (or false/no/off) turns the automatic clean-up off (remove_stale then does
   nothing and says nothing); `python -m pgc_mpi.shm` still cleans when run by hand.
 
@@ -369,15 +372,13 @@ def remove_stale(directory: Path = SHM_DIR, min_age: float = 10.0, *, enabled: b
     usage = Usage()
     if problem is None:
         usage = scan_usage(directory)
-        if usage.unreadable and os.geteuid() != 0:
-            problem = (f"as a user other than root it cannot read the open files and memory maps of "
-                       f"{len(usage.unreadable)} other users' process(es) (e.g. pid {usage.unreadable[0]})")
     if problem is not None:
         print(skip_notice(directory, [p.name for p, _ in candidates], problem), file=sys.stderr, flush=True)
         return []
     removed = []
     for path, st in candidates:
-        # processes root may not read (more privileged than it): only the kernel's lease can speak for them
+        # processes this one may not read (another user's, when not root; more privileged ones, when
+        # root): only the kernel's lease can speak for them, so without one nothing is removed
         if not usage.uses(path, st) and _unlink_unless_open(path, st, lease_required=bool(usage.unreadable)):
             removed.append(path)
     return removed
