@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--features", type=int, default=20)
     q.add_argument("--classes", type=int, default=10, help="classes of the nonconvex kind (default: %(default)s)")
     q.add_argument("--seed", type=int, default=0)
-    q = sub.add_parser("verify", help="recompute a data file's checksum and check its layout")
+    q = sub.add_parser("verify", help="check a data file as pgc-train opens it (layout, labels, finite "
+                                      "values) and recompute its checksum")
     q.add_argument("file", type=Path)
     return p
 

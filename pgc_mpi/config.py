@@ -138,6 +138,7 @@ class TrainConfig(CoreConfig):
     keep_checkpoints: int = 3
     resume: str | None = None
     record_params: bool = False
+    verify_data: bool = True
 
     def validate(self, workers: int) -> None:
         """Check every field and the fit of the scheme to `workers` (world size - 1)."""
@@ -256,6 +257,8 @@ _HELP = {
     "keep_checkpoints": "how many checkpoints to keep",
     "resume": "continue from a checkpoint: a file, or 'latest' in --out's checkpoints",
     "record_params": "also write params.npy with the parameters after every step (small models only)",
+    "verify_data": "check the data file's sha256 checksum when opening it (--no-verify-data skips it; labels "
+                   "and values are always checked)",
 }
 
 # How a None default reads in the help ("none" unless said here).

@@ -47,16 +47,17 @@ class ArraySource:
 
 
 class H5Source:
-    """A data file in pgc-mpi's HDF5 layout, opened read-only; nothing is read until asked for."""
+    """A data file in pgc-mpi's HDF5 layout, opened read-only and checked (h5check.py): its
+    structure, then one streaming pass over its labels, features and, with verify_checksum, its
+    checksum. Rows are read on demand afterwards."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, verify_checksum: bool = True):
         self.path = Path(path)
-        self._file = open_checked(self.path)
-        a = self._file.attrs
+        self._file, checked = open_checked(self.path, verify_checksum=verify_checksum)
         self.info = DataInfo(
-            name=str(a["name"]), task=str(a["task"]), num_classes=int(a["num_classes"]),
-            sample_shape=tuple(int(v) for v in a["sample_shape"]), num_train=len(self._file["train"]["y"]),
-            num_test=len(self._file["test"]["y"]), source=str(a.get("source", "")),
+            name=checked.name, task=checked.task, num_classes=checked.num_classes,
+            sample_shape=checked.sample_shape, num_train=checked.num_train, num_test=checked.num_test,
+            source=checked.source,
         )
 
     def read_train(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -110,13 +111,14 @@ def load_digits(seed: int = 0) -> ArraySource:
     return ArraySource(info, (x[train], y[train]), (x[test], y[test]))
 
 
-def open_dataset(spec: str, seed: int = 0) -> ArraySource | H5Source:
-    """A built-in data set by name ('digits') or an HDF5 file by path."""
+def open_dataset(spec: str, seed: int = 0, *, verify_checksum: bool = True) -> ArraySource | H5Source:
+    """A built-in data set by name ('digits') or an HDF5 file by path, checked when opened (see
+    H5Source); verify_checksum=False skips the file's sha256 (labels and values are still checked)."""
     if spec in BUILTIN_DATASETS:
         return load_digits(seed)
     if spec.endswith((".h5", ".hdf5")) or Path(spec).exists():
         try:
-            return H5Source(Path(spec))
+            return H5Source(Path(spec), verify_checksum=verify_checksum)
         except DataFormatError as exc:
             raise ConfigError(f"--dataset {exc}") from None
     raise ConfigError(f"--dataset {spec!r} is neither a built-in data set ({', '.join(BUILTIN_DATASETS)}) nor an "
