@@ -24,9 +24,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from pgc_mpi.optim import FlatOptimizer
 from pgc_mpi import shm
 from pgc_mpi.message import Layout, gradient_header
+from pgc_mpi.optim import FlatOptimizer
 from pgc_mpi.transport import MasterTransport, WorkerTransport, duplicate_world
 
 
