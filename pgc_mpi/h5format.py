@@ -28,11 +28,9 @@ default: ~0.2 s for 220 MB, measured in h5check.py; open_checked(verify_checksum
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import PgcError
+from .errors import PgcError, WriteError, write_failure
 
 if TYPE_CHECKING:
     from .h5check import Checked
@@ -52,10 +50,6 @@ TASKS = ("classification", "regression")
 
 class DataFormatError(PgcError):
     """A data file that is missing, unreadable or not in pgc-mpi's HDF5 layout."""
-
-
-class WriteError(PgcError):
-    """A file that could not be written: a full disk, a missing permission, a read-only file system."""
 
 
 # The file is built in memory (HDF5's core driver) and then written with plain os.write calls, so
@@ -105,20 +99,6 @@ def _write_durably(path: Path, data: bytes) -> None:
         os.fsync(fd)  # a full disk may only show here (delayed allocation, NFS)
     finally:
         os.close(fd)
-
-
-def write_failure(path: Path, exc: OSError) -> str:
-    """One line for a failed write: the path, and the cause in words ("no space left on device")."""
-    code = exc.errno
-    if code is None:  # h5py sometimes leaves errno unset and puts HDF5's in the text
-        found = re.search(r"errno = (\d+)", str(exc))
-        code = int(found.group(1)) if found else None
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        reason = "no space left on device" if code == errno.ENOSPC else "disk quota exceeded"
-        return f"{path}: cannot write: {reason}; free some space or write it elsewhere"
-    lines = str(exc).strip().splitlines()
-    reason = os.strerror(code) if code else (lines[0] if lines else type(exc).__name__)
-    return f"{path}: cannot write: {reason}"
 
 
 def checksum(arrays: list[np.ndarray]) -> str:

@@ -12,6 +12,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from .errors import WriteError, write_failure
+
 
 def _plain(value: Any) -> Any:
     """JSON-able form of NumPy scalars and arrays; non-finite floats become None."""
@@ -49,8 +51,12 @@ class MetricsWriter:
         self._fh.flush()
 
     def write(self, record: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(_plain(record)) + "\n")
-        self._fh.flush()
+        """Append one record and flush it (a full disk: one WriteError naming the file)."""
+        try:
+            self._fh.write(json.dumps(_plain(record)) + "\n")
+            self._fh.flush()
+        except OSError as exc:
+            raise WriteError(write_failure(self.path, exc)) from None
 
     def close(self) -> None:
         self._fh.close()

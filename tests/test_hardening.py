@@ -138,3 +138,31 @@ def test_a_large_trace_is_compact_and_sums_repeated_rows(tmp_path):
     model = DelayModel(f"trace:{path}", n=50)
     assert model.delay(3, 7) == pytest.approx(0.010 + 1.0)
     assert model.delay(49, 1999) == pytest.approx(0.001 * 2048) and model.delay(0, 5000) == 0.0
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"seed": 2**64}, "--seed must be at most 2\\*\\*63 - 1"),
+    ({"threads": 10**6}, "--threads 1000000 is more than the"),
+    ({"poll_interval": 20.0}, "--poll-interval 20 s is longer than --grace 10 s"),
+])
+def test_settings_that_used_to_crash_or_hang_are_configuration_errors(options, message):
+    from pgc_mpi.config import TrainConfig
+
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**options).validate(workers=4)
+
+
+def test_a_full_disk_under_the_metrics_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    import errno
+
+    from pgc_mpi.errors import WriteError
+    from pgc_mpi.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path)
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer._fh, "write", full, raising=False)
+    with pytest.raises(WriteError, match=f"{tmp_path}/metrics.jsonl: cannot write: no space left on device"):
+        writer.write({"step": 0})
