@@ -55,40 +55,49 @@ def out_dir(cfg: TrainConfig) -> Path:
     return Path("runs") / f"{cfg.scheme}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _resolve(argv: list[str], workers: int) -> tuple[str, object, object]:
-    """On rank 0: the validated configuration, the master's problem and the checkpoint to resume
-    from, or how to exit."""
-    try:
-        cfg = config_from_args(argv)
-        cfg.validate(workers)
-        cfg = dataclasses.replace(cfg, out=str(out_dir(cfg)))
-        problem = _problem(cfg, workers, partitions=[], verify=cfg.verify_data)
-        resume = None
-        if cfg.resume:
-            from . import checkpoint
+def _configure(argv: list[str], workers: int) -> TrainConfig:
+    """On rank 0: the configuration from the flags and TOML file, validated (imports no torch)."""
+    cfg = config_from_args(argv)
+    cfg.validate(workers)
+    return dataclasses.replace(cfg, out=str(out_dir(cfg)))
 
-            scheme = make_scheme(cfg.scheme, workers, cfg.stragglers, seed=cfg.seed, c=cfg.c)
-            path = checkpoint.resolve(cfg.resume, Path(cfg.out) / "checkpoints")
-            encoding = scheme.encoding_matrix() if scheme.kind == "coded" else None
-            resume = checkpoint.load(path, _identity(cfg, scheme, problem.dim), encoding)
-            if resume.step >= cfg.steps:
-                raise ConfigError(f"--resume {path}: the checkpoint is at step {resume.step}, not before --steps "
-                                  f"{cfg.steps}: raise --steps to train further")
-        return "ok", cfg.to_dict(), (problem, resume)
+
+def _prepare(cfg: TrainConfig, workers: int) -> tuple:
+    """On rank 0: the master's problem (its data file checked) and the checkpoint to resume from."""
+    problem = _problem(cfg, workers, partitions=[], verify=cfg.verify_data)
+    resume = None
+    if cfg.resume:
+        from . import checkpoint
+
+        scheme = make_scheme(cfg.scheme, workers, cfg.stragglers, seed=cfg.seed, c=cfg.c)
+        path = checkpoint.resolve(cfg.resume, Path(cfg.out) / "checkpoints")
+        encoding = scheme.encoding_matrix() if scheme.kind == "coded" else None
+        resume = checkpoint.load(path, _identity(cfg, scheme, problem.dim), encoding)
+        if resume.step >= cfg.steps:
+            raise ConfigError(f"--resume {path}: the checkpoint is at step {resume.step}, not before --steps "
+                              f"{cfg.steps}: raise --steps to train further")
+    return problem, resume
+
+
+def _outcome(action) -> tuple[int | None, object]:
+    """(None, what `action()` returns), or (the exit status, None) when it failed: rank 0 sets the run
+    up alone, and whatever it raises must reach every rank as an exit status, or they wait forever."""
+    try:
+        return None, action()
     except SystemExit as exc:  # --help, or a flag argparse rejected (it printed the message)
-        return "exit", exc.code if isinstance(exc.code, int) else 2, None
+        return exc.code if isinstance(exc.code, int) else 2, None
     except PgcError as exc:
         print(f"pgc-train: error: {exc}", file=sys.stderr, flush=True)
-        return "exit", 2, None
+        return 2, None
     except KeyboardInterrupt:
-        return "exit", 130, None
-    except Exception as exc:  # noqa: BLE001 - whatever rank 0 raises here must reach every rank, or they wait forever
+        return 130, None
+    except Exception as exc:  # noqa: BLE001 - any exception: see the docstring
         print(f"pgc-train: error: {_one_line(exc)} while setting up the run", file=sys.stderr, flush=True)
         if os.environ.get("PGC_DEBUG"):
             traceback.print_exc()
         else:
             print("pgc-train: (set PGC_DEBUG=1 for the traceback)", file=sys.stderr, flush=True)
-        return "exit", 1, None
+        return 1, None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -125,13 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     shm.unlink_own_segments()
     rank, size = comm.Get_rank(), comm.Get_size()
     log = setup_logging(rank)
+    # Two steps, each ended by a broadcast of rank 0's verdict: the configuration (no torch, so
+    # errors are immediate), then the master's data and checkpoint, while the workers import
+    # torch (seconds) in the meantime.
+    status, cfg = _outcome(lambda: _configure(argv, size - 1)) if rank == 0 else (None, None)
+    status, value = comm.bcast((status, cfg.to_dict() if cfg is not None else None), root=0)
+    if status is not None:
+        return int(status)
     if rank > 0:
-        _import_in_background("torch")
-    kind, value, state = _resolve(argv, size - 1) if rank == 0 else (None, None, None)
-    kind, value = comm.bcast((kind, value), root=0)
-    if kind == "exit":
-        return int(value)
+        import torch  # noqa: F401 - see above
     cfg = TrainConfig(**value)
+    status, state = _outcome(lambda: _prepare(cfg, size - 1)) if rank == 0 else (None, None)
+    status = comm.bcast(status, root=0)
+    if status is not None:
+        return int(status)
     try:
         return _train(cfg, state, comm, log)
     except (PgcError, OSError) as exc:  # e.g. a full disk: one line naming the path is the message
@@ -141,20 +157,6 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("unexpected error on rank %d; aborting the job", rank)
         abort(1)
     return 1
-
-
-def _import_in_background(module: str) -> None:
-    """Start importing `module` while this rank waits for rank 0 to validate the configuration.
-
-    Workers need torch for their gradients, and importing it takes seconds; the configuration
-    itself imports no torch, so that errors and --help are quick. A thread lets the import
-    overlap rank 0's set-up, as it did when the configuration imported torch (measured: 1.7 s
-    of start-up for 4 workers on 2 cores); the worker's own import then finds it done or waits
-    for it. On an early exit the process ends with the import unfinished, which is harmless."""
-    import importlib
-    import threading
-
-    threading.Thread(target=importlib.import_module, args=(module,), daemon=True, name=f"import {module}").start()
 
 
 def _train(cfg: TrainConfig, state, comm, log) -> int:
