@@ -186,7 +186,8 @@ def gather(exp: dict[str, Any], out: Path, todo: list[tuple[str, int, int]]) -> 
     table = markdown_table(aggregate(rows), has_target=target is not None)
     (out / "results.md").write_text(
         f"# {exp['name']}\n\n{exp['workers']} workers; target loss {target if target is not None else '-'}; "
-        f"median over seeds {exp['seeds']}; options {exp['train']}\n\n{table}\n")
+        f"median over seeds {exp['seeds']}; FR schemes decode: {exp['train'].get('fr_decode', 'covered')}; "
+        f"options {exp['train']}\n\n{table}\n")
     print(table)
     from .plot import draw
 

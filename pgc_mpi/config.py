@@ -32,7 +32,7 @@ from .choices import BUILTIN_DATASETS, DEADLINE_POLICIES, DTYPE_NAMES, MODELS, O
 from .errors import ConfigError
 from .faults import KINDS as FAULT_KINDS
 from .faults import parse_faults
-from .schemes import SCHEME_NAMES, make_scheme
+from .schemes import FR_DECODE_RULES, SCHEME_NAMES, make_scheme
 from .stragglers import USAGE as DELAY_USAGE
 from .stragglers import DelayModel
 
@@ -73,6 +73,7 @@ class CoreConfig:
     on_deadline: str = "wait"
     max_staleness: int | None = None
     seed: int = 0
+    fr_decode: str = "covered"
 
     def validate_core(self, workers: int) -> None:
         """Check the shared fields, then that the scheme, s, c and the delay model fit `workers` workers."""
@@ -82,6 +83,7 @@ class CoreConfig:
         _positive_int("steps", self.steps)
         _positive("lr", self.lr)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("fr-decode", self.fr_decode, FR_DECODE_RULES)
         if not (_is_number(self.momentum) and 0 <= self.momentum < 1):
             raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum!r}")
         if not isinstance(self.delay, str):
@@ -97,7 +99,7 @@ class CoreConfig:
         if not _is_int(workers) or workers < 1:
             raise ConfigError(self._too_few_workers(workers))
         try:
-            make_scheme(self.scheme, workers, self.stragglers, seed=self.seed, c=self.c)
+            make_scheme(self.scheme, workers, self.stragglers, seed=self.seed, c=self.c, fr_decode=self.fr_decode)
         except ConfigError:
             raise
         except ValueError as exc:  # SchemeError: say which worker count it was checked against
@@ -239,6 +241,8 @@ _HELP = {
     "on_deadline": "on a missed deadline: wait (keep waiting), partial (decode what arrived), fail",
     "max_staleness": "reject messages whose oldest buffer is older than this many steps",
     "seed": "seed of data, model, partitions, minibatches, encoding and delays",
+    "fr_decode": "when gc-fr, is-gc-fr and pgc-fr decode: covered (as soon as every group has arrived, exact "
+                 "and often earlier) or n-s (after the first n-s arrivals, the paper's rule); same gradient",
     "batch_size": "minibatch size per partition gradient",
     "dataset": f"built-in data set ({', '.join(BUILTIN_DATASETS)}) or an HDF5 file made by `python -m data_prep`",
     "model": f"model: {', '.join(MODELS)}",

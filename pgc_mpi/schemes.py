@@ -28,6 +28,10 @@ from .table import PartitionTable
 SCHEME_NAMES = (
     "dgd", "is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "is-gc-cr", "pgc-fr", "pgc-cr", "pbs",
 )
+# When FR schemes (gc-fr, is-gc-fr, pgc-fr) decode: `covered`, as soon as every group has one
+# arrival (exact, often before n - s arrivals: the original gradient-coding code's rule), or
+# `n-s`, after the first n - s arrivals (the paper's master). The decoded gradient is the same.
+FR_DECODE_RULES = ("covered", "n-s")
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ class CodedScheme(Scheme):
 
     kind = "coded"
 
-    def __init__(self, name: str, n: int, s: int, c: int, seed: int):
+    def __init__(self, name: str, n: int, s: int, c: int, seed: int, fr_decode: str = "covered"):
         rule = _RULES[name]
         if rule.placement == "single":
             placement = single_placement(n)
@@ -127,6 +131,7 @@ class CodedScheme(Scheme):
         else:
             self._B = support_matrix(placement, n)
         self.min_arrivals = n if rule.waits_for_all else n - s
+        self.fr_decode = fr_decode
         # decoders whose weights are one common factor on a set known arrival by arrival: the
         # master can sum messages as they come and scale once at the end
         self.streams = rule.decoder in ("average", "groups")
@@ -196,8 +201,8 @@ class CodedScheme(Scheme):
         if not ids:
             raise NotDecodable(f"{self.name}: no worker has arrived, nothing to decode")
         if not partial and not self.ready(ids):
-            need = "every group" if self.rule.decoder == "groups" and self.exact else (
-                f"{self.min_arrivals} workers")
+            covered = self.rule.decoder == "groups" and self.exact and self.fr_decode == "covered"
+            need = "every group" if covered else f"{self.min_arrivals} workers"
             raise NotDecodable(
                 f"{self.name} (n={self.n}, s={self.s}) needs {need}, got {len(ids)} arrivals {ids}"
             )
@@ -241,6 +246,7 @@ class ReadyTracker:
         self.groups: set[int] = set()
         self._by_groups = scheme.rule.decoder == "groups"
         self._groups_needed = scheme.n // scheme.c
+        self._when_covered = scheme.fr_decode == "covered"
 
     def add(self, worker: int) -> bool:
         """Count one more arrival; returns whether the step is now decodable.
@@ -258,10 +264,12 @@ class ReadyTracker:
 
     def is_ready(self) -> bool:
         """Whether the arrivals so far satisfy the decode condition."""
-        if self._by_groups and len(self.groups) == self._groups_needed:
-            return True  # every group covered: the exact gradient is available
-        if self._by_groups and self.scheme.exact:
-            return False
+        if self._by_groups and self._when_covered:
+            if len(self.groups) == self._groups_needed:
+                return True  # every group covered: the exact gradient is available
+            if self.scheme.exact:
+                return False
+        # the first n - s arrivals (with c = s + 1 they cover every FR group)
         return self.count >= self.scheme.min_arrivals
 
 
@@ -304,15 +312,18 @@ class PbsScheme(Scheme):
 
 
 def make_scheme(
-    name: str, n: int, s: int, seed: int = 0, c: int | None = None
+    name: str, n: int, s: int, seed: int = 0, c: int | None = None, fr_decode: str = "covered"
 ) -> CodedScheme | PbsScheme:
     """Build a scheme by name for n workers tolerating s stragglers.
 
     c (partitions per worker) may be set only for is-gc-fr and is-gc-cr; every other replicated
     scheme uses c = s + 1 (dgd and is-sgd use c = 1). `seed` fixes gc-cr's random encoding.
+    `fr_decode` is when FR schemes decode (FR_DECODE_RULES); other schemes ignore it.
     """
     if name not in SCHEME_NAMES:
         raise SchemeError(f"unknown scheme {name!r}; choose one of: {', '.join(SCHEME_NAMES)}")
+    if fr_decode not in FR_DECODE_RULES:
+        raise SchemeError(f"--fr-decode {fr_decode!r} is not one of: {', '.join(FR_DECODE_RULES)}")
     n = _check_int("n (workers)", n, 1)
     s = _check_int("s (stragglers)", s, 0)
     if s >= n:
@@ -333,4 +344,4 @@ def make_scheme(
         )
     if name == "pbs":
         return PbsScheme(n, s, c)
-    return CodedScheme(name, n, s, c, seed)
+    return CodedScheme(name, n, s, c, seed, fr_decode)

@@ -169,7 +169,7 @@ class SimWorkers:
 def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
              progress: Callable[[dict], None] | None = None) -> SimResult:
     """Run one scheme on `problem` under the straggler model; deterministic for a given cfg."""
-    scheme = make_scheme(cfg.scheme, cfg.workers, cfg.stragglers, seed=cfg.seed, c=cfg.c)
+    scheme = make_scheme(cfg.scheme, cfg.workers, cfg.stragglers, seed=cfg.seed, c=cfg.c, fr_decode=cfg.fr_decode)
     w = problem.initial_params().astype(np.float64)
     opt = FlatOptimizer(w, cfg.optimizer, cfg.lr, momentum=cfg.momentum)
     builder = MessageBuilder(scheme, problem)

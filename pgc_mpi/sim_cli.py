@@ -77,8 +77,8 @@ def summarize(results: dict[str, SimResult], target: float) -> list[dict]:
     return rows
 
 
-def format_table(rows: list[dict], target: float) -> str:
-    """The comparison as an aligned text table."""
+def format_table(rows: list[dict], target: float, fr_decode: str = "covered") -> str:
+    """The comparison as an aligned text table, headed by what it depends on (target, FR rule)."""
     head = ["scheme", "steps to gap", "time to gap", "median step", "vs dgd", "final gap", "max stale", "late"]
     lines = [head]
     for r in rows:
@@ -93,7 +93,7 @@ def format_table(rows: list[dict], target: float) -> str:
             str(r["late_messages"]) + (" STALLED" if r["stalled"] else ""),
         ])
     widths = [max(len(row[k]) for row in lines) for k in range(len(head))]
-    out = [f"target gap {target:g}; times in simulated seconds"]
+    out = [f"target gap {target:g}; times in simulated seconds; FR schemes decode: {fr_decode}"]
     for row in lines:
         out.append("  ".join(cell.rjust(w) if k else cell.ljust(w) for k, (cell, w) in enumerate(zip(row, widths))))
     return "\n".join(out)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     except PgcError as exc:
         print(f"pgc-sim: error: {exc}", file=sys.stderr)
         return 2
-    print(format_table(summarize(results, args.target_gap), args.target_gap))
+    print(format_table(summarize(results, args.target_gap), args.target_gap, args.fr_decode))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("w") as fh:

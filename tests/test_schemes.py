@@ -648,3 +648,17 @@ def test_property_pipeline(sch, t):
         # partition's other holders computed it at each step in between
         gap = c if sch.name == "pgc-cr" else 1
         assert sch.draw_index(last, k) == sch.draw_index(last - c, k) + gap
+
+
+def test_fr_decode_rule_covered_or_n_minus_s():
+    """FR with n=6, s=2 (c=3, groups {0,1,2} and {3,4,5}): `covered` is ready after one arrival per
+    group, the paper's `n-s` only after 4 arrivals; both take the first arrival of each group."""
+    covered = make_scheme("pgc-fr", 6, 2)
+    paper = make_scheme("pgc-fr", 6, 2, fr_decode="n-s")
+    assert covered.ready([0, 3]) and not paper.ready([0, 3]) and not paper.ready([0, 3, 1])
+    assert paper.ready([0, 3, 1, 4])
+    np.testing.assert_array_equal(covered.decode_weights([0, 3, 1, 4]), paper.decode_weights([0, 3, 1, 4]))
+    with pytest.raises(NotDecodable, match="needs 4 workers"):
+        paper.decode_weights([0, 3])
+    with pytest.raises(SchemeError, match="--fr-decode 'paper' is not one of: covered, n-s"):
+        make_scheme("gc-fr", 6, 2, fr_decode="paper")

@@ -175,3 +175,14 @@ def test_simulator_and_master_share_the_step_record_layout(lsq12):
     assert "versions" in coded.records[0] and "ages" in table.records[0]
     m = MessageRecord._make(coded.records[0]["messages"][0])
     assert m.verdict in ("used", "accepted") and m.compute_time == 1.0
+
+
+@pytest.mark.parametrize("scheme", ["gc-fr", "pgc-fr", "is-gc-fr"])
+def test_the_paper_s_fr_rule_waits_for_n_minus_s_arrivals_and_decodes_the_same(lsq12, scheme):
+    base = dict(scheme=scheme, workers=12, stragglers=2, steps=30, lr=0.1, delay="exp:1.0", seed=5)
+    covered = simulate(SimConfig(**base), lsq12)
+    paper = simulate(SimConfig(**base, fr_decode="n-s"), lsq12)
+    assert all(len(r["arrivals"]) >= 10 for r in paper.records)
+    assert any(len(r["arrivals"]) < 10 for r in covered.records)  # covered decodes earlier
+    assert paper.median_step_time() > covered.median_step_time()
+    assert all(r["residual"] < 1e-12 for r in paper.records + covered.records)  # exact either way

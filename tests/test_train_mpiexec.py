@@ -5,6 +5,7 @@ Each test launches a bounded mpiexec job (MPIEXEC_TIMEOUT plus a subprocess time
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -24,26 +25,29 @@ from helpers import events_of, mpi_env, run_train, steps_of
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("scheme,ranks,s,straggler", [
-    ("dgd", 5, 1, False), ("is-sgd", 5, 1, True), ("gc-fr", 5, 1, True), ("gc-cr", 5, 1, True),
-    ("is-gc-fr", 5, 1, False), ("is-gc-cr", 5, 1, False), ("pgc-fr", 5, 1, True), ("pgc-cr", 5, 1, True),
-    ("pgc-cr", 4, 2, False), ("gc-cr", 7, 2, False), ("pgc-fr", 7, 2, False),
+@pytest.mark.parametrize("scheme,ranks,s,straggler,fr_decode", [
+    ("dgd", 5, 1, False, "covered"), ("is-sgd", 5, 1, True, "covered"), ("gc-fr", 5, 1, True, "covered"),
+    ("gc-cr", 5, 1, True, "covered"), ("is-gc-fr", 5, 1, False, "covered"), ("is-gc-cr", 5, 1, False, "covered"),
+    ("pgc-fr", 5, 1, True, "covered"), ("pgc-cr", 5, 1, True, "covered"), ("pgc-cr", 4, 2, False, "covered"),
+    ("gc-cr", 7, 2, False, "covered"), ("pgc-fr", 7, 2, False, "n-s"),
 ])
-def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s, straggler):
+def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s, straggler, fr_decode):
     """float64: replaying the run's arrivals and buffer versions in the simulator reproduces the MPI
     master's parameters at every step. With a random 1 s straggler (one job, both checks) a coded
-    scheme also does not wait for it: its median step stays well below the delay."""
+    scheme also does not wait for it: its median step stays well below the delay. With the paper's
+    FR rule (--fr-decode n-s) every step waits for n - s arrivals, and config.json says so."""
     out = tmp_path / "run"
     steps = 20 if straggler else 12
     args = ["--scheme", scheme, "-s", str(s), "--steps", str(steps), "--dtype", "float64", "--batch-size", "16",
-            "--lr", "0.5", "--seed", "3", "--record-params", "--eval-every", "100", "--out", str(out)]
+            "--lr", "0.5", "--seed", "3", "--record-params", "--eval-every", "100", "--fr-decode", fr_decode,
+            "--out", str(out)]
     if straggler:
         args += ["--delay", "random:1:1.0", "--grace", "5"]
     proc = run_train(ranks, args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     n = ranks - 1
     problem = TorchProblem("logreg", load_digits(3), n, 16, seed=3, dtype="float64")
-    expected = replay(make_scheme(scheme, n, s, seed=3), problem, steps_of(out), lr=0.5)
+    expected = replay(make_scheme(scheme, n, s, seed=3, fr_decode=fr_decode), problem, steps_of(out), lr=0.5)
     got = np.load(out / "params.npy")
     assert got.shape == (steps + 1, problem.dim)
     assert np.abs(got - np.stack(expected)).max() < 1e-10
@@ -51,6 +55,9 @@ def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s, straggl
     if straggler:
         median = np.median([r["step_time"] for r in steps_of(out)])
         assert median < 0.5, median
+    if fr_decode == "n-s":
+        assert all(len(r["arrivals"]) >= n - s for r in steps_of(out))
+        assert json.loads((out / "config.json").read_text())["config"]["fr_decode"] == "n-s"
 
 
 def test_dgd_waits_for_the_random_straggler(tmp_path):
