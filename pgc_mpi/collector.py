@@ -185,7 +185,8 @@ class TableCollector(_Collector):
     """pbs: every message is one partition's gradient for the partition table.
 
     A newer gradient replaces its partition's entry; the step is ready once every entry is
-    younger than the window and at least one message arrived this step."""
+    younger than the window and at least one entry was replaced since the previous step (a step
+    never re-applies the previous aggregate)."""
 
     waits_for_answer = False
 
@@ -193,6 +194,10 @@ class TableCollector(_Collector):
         self.scheme = scheme
         self.table = scheme.new_table(grad.size, grad.dtype)
         super().__init__(scheme.n, grad, max_staleness)
+
+    def begin(self, step: int) -> None:
+        super().begin(step)
+        self.changed: set[int] = set()  # partitions whose entry was replaced since the previous step
 
     def offer(self, msg: Message, payload: np.ndarray) -> str:
         """Offer a partition gradient to the table; returns 'used' (it replaced the entry),
@@ -204,14 +209,16 @@ class TableCollector(_Collector):
             verdict = "stale"
         else:
             verdict = "used" if self.table.offer(msg.partition, msg.step, payload) else "stale"
+            if verdict == "used":
+                self.changed.add(msg.partition)
             self.arrived.append(msg.worker)
             self.losses.append((msg.worker, msg.loss))
         self.messages.append(msg.record(verdict))
         return verdict
 
     def ready(self) -> bool:
-        """Whether the table is fresh at this step and something arrived since the last one."""
-        return bool(self.arrived) and self.table.ready(self.step)
+        """Whether the table is fresh at this step and an entry changed since the last one."""
+        return bool(self.changed) and self.table.ready(self.step)
 
     def decode(self, partial: bool = False) -> Decoded:
         """The table's mean into the gradient buffer. A partial decode uses whatever the table
@@ -224,18 +231,20 @@ class TableCollector(_Collector):
         return Decoded(None, list(self.arrived), residual, int(ages.max()), partial)
 
     def on_deadline(self, policy: str) -> Decoded | None:
-        """The deadline policy for the table: decode what it holds, keep waiting, or fail."""
+        """The deadline policy for the table: decode what it holds (once an entry has changed since
+        the previous step: never the previous aggregate again), keep waiting, or fail."""
         if policy == "fail":
             raise DeadlineMissed(f"step {self.step}: pbs table lacks fresh gradients of partitions "
                                  f"{self.table.missing(self.step)} at the deadline")
-        return self.decode(partial=True) if policy == "partial" else None
+        return self.decode(partial=True) if policy == "partial" and self.changed else None
 
     def waiting_for(self) -> list[int]:
         """For pbs: the partitions without a fresh gradient (every worker computes all the time)."""
         return self.table.missing(self.step)
 
     def record(self, dec: Decoded, missed: bool) -> dict:
-        return {**super().record(dec, missed), "ages": self.table.ages(self.step).tolist()}
+        return {**super().record(dec, missed), "ages": self.table.ages(self.step).tolist(),
+                "new_gradients": len(self.changed)}
 
 
 def make_collector(scheme: CodedScheme | PbsScheme, grad: np.ndarray,

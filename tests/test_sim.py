@@ -186,3 +186,10 @@ def test_the_paper_s_fr_rule_waits_for_n_minus_s_arrivals_and_decodes_the_same(l
     assert any(len(r["arrivals"]) < 10 for r in covered.records)  # covered decodes earlier
     assert paper.median_step_time() > covered.median_step_time()
     assert all(r["residual"] < 1e-12 for r in paper.records + covered.records)  # exact either way
+
+
+def test_pbs_never_steps_without_a_new_gradient(lsq12):
+    for delay in ("none", "exp:1.0"):
+        res = simulate(SimConfig(scheme="pbs", workers=12, stragglers=1, steps=100, lr=0.1, delay=delay), lsq12)
+        assert all(r["new_gradients"] >= 1 for r in res.records)
+        assert all(r["new_gradients"] <= sum(m[-1] == "used" for m in r["messages"]) for r in res.records)
