@@ -99,11 +99,18 @@ class CoreConfig:
         if not _is_int(workers) or workers < 1:
             raise ConfigError(self._too_few_workers(workers))
         try:
-            make_scheme(self.scheme, workers, self.stragglers, seed=self.seed, c=self.c, fr_decode=self.fr_decode)
+            scheme = make_scheme(self.scheme, workers, self.stragglers, seed=self.seed, c=self.c,
+                                 fr_decode=self.fr_decode)
         except ConfigError:
             raise
         except ValueError as exc:  # SchemeError: say which worker count it was checked against
             raise ConfigError(f"{exc} (with {self._describe_workers(workers)})") from None
+        depth = scheme.c - 1 if scheme.kind == "coded" and scheme.pipelined else 0
+        if self.max_staleness is not None and self.max_staleness < depth:
+            # a pipelined message always combines buffers c - 1 steps old: every one would be rejected
+            raise ConfigError(f"--max-staleness {self.max_staleness} is below {scheme.name}'s pipeline depth c-1 = "
+                              f"{depth}: every message would be rejected and no step could complete; use at least "
+                              f"{depth}")
         DelayModel(self.delay, workers, seed=self.seed)
 
     def _too_few_workers(self, workers: object) -> str:

@@ -167,3 +167,14 @@ def test_a_full_disk_under_the_metrics_is_one_line_naming_the_file(tmp_path, mon
     monkeypatch.setattr(writer._fh, "write", full, raising=False)
     with pytest.raises(WriteError, match=f"{tmp_path}/metrics.jsonl: cannot write: no space left on device"):
         writer.write({"step": 0})
+
+
+def test_a_staleness_bound_below_the_pipeline_depth_is_refused_not_a_stall():
+    from pgc_mpi.config import SimConfig, TrainConfig
+
+    with pytest.raises(ConfigError, match="--max-staleness 1 is below pgc-cr's pipeline depth c-1 = 2"):
+        TrainConfig(scheme="pgc-cr", stragglers=2, max_staleness=1).validate(workers=6)
+    with pytest.raises(ConfigError, match="pipeline depth"):
+        SimConfig(scheme="pgc-fr", workers=6, stragglers=1, max_staleness=0)
+    TrainConfig(scheme="pgc-cr", stragglers=2, max_staleness=2).validate(workers=6)
+    TrainConfig(scheme="gc-cr", stragglers=2, max_staleness=0).validate(workers=6)  # not pipelined: fresh buffers
