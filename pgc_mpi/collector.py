@@ -48,6 +48,7 @@ class _Collector:
     """What both collectors share: the step, its arrivals, messages and losses."""
 
     waits_for_answer: bool  # whether a worker waits for a new model after each message
+    waits_on = "workers"  # what waiting_for() lists
 
     def __init__(self, n: int, grad: np.ndarray, max_staleness: int | None):
         self.n, self.grad, self.max_staleness = n, grad, max_staleness
@@ -189,6 +190,7 @@ class TableCollector(_Collector):
     never re-applies the previous aggregate)."""
 
     waits_for_answer = False
+    waits_on = "partitions"
 
     def __init__(self, scheme: PbsScheme, grad: np.ndarray, max_staleness: int | None = None):
         self.scheme = scheme

@@ -32,7 +32,7 @@ from .choices import BUILTIN_DATASETS, DEADLINE_POLICIES, DTYPE_NAMES, MODELS, O
 from .errors import ConfigError
 from .faults import KINDS as FAULT_KINDS
 from .faults import parse_faults
-from .schemes import FR_DECODE_RULES, SCHEME_NAMES, make_scheme
+from .schemes import FR_DECODE_RULES, SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
 from .stragglers import USAGE as DELAY_USAGE
 from .stragglers import DelayModel
 
@@ -99,8 +99,7 @@ class CoreConfig:
         if not _is_int(workers) or workers < 1:
             raise ConfigError(self._too_few_workers(workers))
         try:
-            scheme = make_scheme(self.scheme, workers, self.stragglers, seed=self.seed, c=self.c,
-                                 fr_decode=self.fr_decode)
+            scheme = self.make_scheme(workers)
         except ConfigError:
             raise
         except ValueError as exc:  # SchemeError: say which worker count it was checked against
@@ -112,6 +111,10 @@ class CoreConfig:
                               f"{depth}: every message would be rejected and no step could complete; use at least "
                               f"{depth}")
         DelayModel(self.delay, workers, seed=self.seed)
+
+    def make_scheme(self, workers: int) -> CodedScheme | PbsScheme:
+        """The scheme these settings describe for `workers` workers (SchemeError if it does not fit)."""
+        return make_scheme(self.scheme, workers, self.stragglers, seed=self.seed, c=self.c, fr_decode=self.fr_decode)
 
     def _too_few_workers(self, workers: object) -> str:
         return f"--workers must be a positive integer, got {workers!r}"

@@ -187,8 +187,7 @@ class Master:
                 reminder = now + WAIT_REMINDER
 
     def _waiting(self) -> str:
-        what = "partitions" if isinstance(self.scheme, PbsScheme) else "workers"
-        return f"{what} {self.collector.waiting_for()}"
+        return f"{self.collector.waits_on} {self.collector.waiting_for()}"
 
     def _timed(self, decode):
         """Run a decode, adding its time to the step's decode time."""

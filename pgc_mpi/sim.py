@@ -22,7 +22,7 @@ from .config import SimConfig
 from .message import Layout, Message, buffers_per_message, gradient_header
 from .optim import FlatOptimizer
 from .problems import Problem
-from .schemes import CodedScheme, PbsScheme, make_scheme
+from .schemes import CodedScheme, PbsScheme
 from .stragglers import DelayModel
 
 
@@ -169,7 +169,7 @@ class SimWorkers:
 def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
              progress: Callable[[dict], None] | None = None) -> SimResult:
     """Run one scheme on `problem` under the straggler model; deterministic for a given cfg."""
-    scheme = make_scheme(cfg.scheme, cfg.workers, cfg.stragglers, seed=cfg.seed, c=cfg.c, fr_decode=cfg.fr_decode)
+    scheme = cfg.make_scheme(cfg.workers)
     w = problem.initial_params().astype(np.float64)
     opt = FlatOptimizer(w, cfg.optimizer, cfg.lr, momentum=cfg.momentum)
     builder = MessageBuilder(scheme, problem)
@@ -188,8 +188,7 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
         received += arrived
         if dec is None:
             result.stalled = (f"step {t}: {scheme.name} cannot decode, the workers still out never answer "
-                              f"(still waiting for {'partitions' if workers.table else 'workers'} "
-                              f"{collector.waiting_for()})")
+                              f"(still waiting for {collector.waits_on} {collector.waiting_for()})")
             break
         opt.step()
         builder.add_model(t + 1, w)

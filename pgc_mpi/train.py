@@ -20,7 +20,6 @@ from .errors import ConfigError, PgcError
 from .faults import parse_faults
 from .message import Layout, buffers_per_message, gradient_header
 from .metrics import MetricsWriter, Progress, setup_logging, write_json
-from .schemes import make_scheme
 from .stragglers import DelayModel
 from .transport import MasterTransport, WorkerTransport, abort, duplicate_world
 from .worker import run_worker
@@ -69,7 +68,7 @@ def _prepare(cfg: TrainConfig, workers: int) -> tuple:
     if cfg.resume:
         from . import checkpoint
 
-        scheme = make_scheme(cfg.scheme, workers, cfg.stragglers, seed=cfg.seed, c=cfg.c, fr_decode=cfg.fr_decode)
+        scheme = cfg.make_scheme(workers)
         path = checkpoint.resolve(cfg.resume, Path(cfg.out) / "checkpoints")
         encoding = scheme.encoding_matrix() if scheme.kind == "coded" else None
         resume = checkpoint.load(path, _identity(cfg, scheme, problem.dim), encoding)
@@ -161,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(cfg: TrainConfig, state, comm, log) -> int:
     rank, n = comm.Get_rank(), comm.Get_size() - 1
-    scheme = make_scheme(cfg.scheme, n, cfg.stragglers, seed=cfg.seed, c=cfg.c, fr_decode=cfg.fr_decode)
+    scheme = cfg.make_scheme(n)
     if scheme.kind == "coded":  # every rank must hold the same encoding matrix
         digest = hashlib.sha256(scheme.encoding_matrix().tobytes()).hexdigest()
         if len(set(comm.allgather(digest))) != 1:
