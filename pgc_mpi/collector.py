@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import NotDecodable, PgcError
 from .message import Message, MessageRecord
-from .schemes import CodedScheme, PbsScheme
+from .schemes import CodedScheme, PbsScheme, staleness
 
 
 class DeadlineMissed(PgcError):
@@ -47,11 +47,15 @@ class Decoded:
 class _Collector:
     """What both collectors share: the step, its arrivals, messages and losses."""
 
-    waits_for_answer: bool  # whether a worker waits for a new model after each message
+    # An on-time message is answered with the next step's model (coded schemes: the worker then
+    # computes for that step), or at once with the current model unless it completed the step
+    # (pbs: its worker computes again, and the one that triggers step t restarts from w_{t+1}).
+    answers_every_message: bool
     waits_on = "workers"  # what waiting_for() lists
 
-    def __init__(self, n: int, grad: np.ndarray, max_staleness: int | None):
+    def __init__(self, n: int, grad: np.ndarray, max_staleness: int | None, first: int):
         self.n, self.grad, self.max_staleness = n, grad, max_staleness
+        self.first = first  # the run's first step: warm-up buffers are computed at its model
         self.step = -1
         self.begin(0)
 
@@ -70,8 +74,11 @@ class _Collector:
         """Record a message the driver refused before offering it (malformed, non-finite)."""
         self.messages.append(MessageRecord.rejected(worker))
 
+    def _staleness(self, version: int) -> int:
+        return staleness(self.step, version, self.first)
+
     def _too_stale(self, oldest: int) -> bool:
-        return self.max_staleness is not None and self.step - oldest > self.max_staleness
+        return self.max_staleness is not None and self._staleness(oldest) > self.max_staleness
 
     def waiting_for(self) -> list[int]:
         """Workers with no message accepted this step."""
@@ -83,7 +90,8 @@ class _Collector:
         messages = [m._replace(verdict="used") if m.verdict == "accepted" and m.worker in used else m
                      for m in self.messages]
         return {"arrivals": list(self.arrived), "used": list(dec.used), "late": self.late,
-                "rejected": list(self.rejected), "deadline_missed": missed, "partial": dec.partial,
+                "rejected": list(self.rejected), "stale_rejected": len(self.rejected),
+                "deadline_missed": missed, "partial": dec.partial,
                 "residual": dec.residual, "max_staleness": dec.max_staleness, "messages": messages,
                 "train_loss": self._train_loss(dec.used)}
 
@@ -97,15 +105,16 @@ class _Collector:
 class CodedCollector(_Collector):
     """Arrivals of one step of a coded scheme, in order, and the verdict on every message."""
 
-    waits_for_answer = True
+    answers_every_message = False
 
-    def __init__(self, scheme: CodedScheme, grad: np.ndarray, max_staleness: int | None = None):
+    def __init__(self, scheme: CodedScheme, grad: np.ndarray, max_staleness: int | None = None, first: int = 0):
         self.scheme = scheme
-        super().__init__(scheme.n, grad, max_staleness)
+        super().__init__(scheme.n, grad, max_staleness, first)
 
     def begin(self, step: int) -> None:
         super().begin(step)
         self.versions: dict[int, list[int]] = {}
+        self.refreshed = 0  # catch-up gradients (--on-stale refresh) in this step's messages
         self.summed: list[int] = []  # messages already added into grad (streaming decoders)
         self._tracker = self.scheme.tracker()
 
@@ -117,6 +126,7 @@ class CodedCollector(_Collector):
             return "future"
         if not 0 <= msg.worker < self.n:
             return "unknown"
+        self.refreshed += max(0, msg.gradients - len(self.scheme.fresh_slots(msg.step, msg.worker)))
         if msg.step < self.step:
             self.late += 1
             verdict = "late"
@@ -161,7 +171,7 @@ class CodedCollector(_Collector):
         else:
             for i in used:
                 self.grad += self.grad.dtype.type(a[i]) * self.held[i]
-        stale = max((self.step - min(self.versions[i]) for i in used), default=0)
+        stale = max((self._staleness(min(self.versions[i])) for i in used), default=0)
         return Decoded(a, used, self.scheme.residual(a), stale, partial)
 
     def on_deadline(self, policy: str) -> Decoded | None:
@@ -179,7 +189,7 @@ class CodedCollector(_Collector):
         return None
 
     def record(self, dec: Decoded, missed: bool) -> dict:
-        return {**super().record(dec, missed), "versions": dict(self.versions)}
+        return {**super().record(dec, missed), "versions": dict(self.versions), "refreshed": self.refreshed}
 
 
 class TableCollector(_Collector):
@@ -189,13 +199,13 @@ class TableCollector(_Collector):
     younger than the window and at least one entry was replaced since the previous step (a step
     never re-applies the previous aggregate)."""
 
-    waits_for_answer = False
+    answers_every_message = True
     waits_on = "partitions"
 
-    def __init__(self, scheme: PbsScheme, grad: np.ndarray, max_staleness: int | None = None):
+    def __init__(self, scheme: PbsScheme, grad: np.ndarray, max_staleness: int | None = None, first: int = 0):
         self.scheme = scheme
         self.table = scheme.new_table(grad.size, grad.dtype)
-        super().__init__(scheme.n, grad, max_staleness)
+        super().__init__(scheme.n, grad, max_staleness, first)
 
     def begin(self, step: int) -> None:
         super().begin(step)
@@ -249,9 +259,11 @@ class TableCollector(_Collector):
                 "new_gradients": len(self.changed)}
 
 
-def make_collector(scheme: CodedScheme | PbsScheme, grad: np.ndarray,
-                   max_staleness: int | None = None) -> CodedCollector | TableCollector:
-    """The collector of a scheme, decoding into `grad` (the optimizer's gradient buffer)."""
+def make_collector(scheme: CodedScheme | PbsScheme, grad: np.ndarray, max_staleness: int | None = None,
+                   first: int = 0) -> CodedCollector | TableCollector:
+    """The collector of a scheme, decoding into `grad` (the optimizer's gradient buffer), that
+    rejects messages with a buffer older than `max_staleness` steps (None: no bound) in a run
+    whose first step (its warm-up model) is `first`."""
     if isinstance(scheme, PbsScheme):
-        return TableCollector(scheme, grad, max_staleness)
-    return CodedCollector(scheme, grad, max_staleness)
+        return TableCollector(scheme, grad, max_staleness, first)
+    return CodedCollector(scheme, grad, max_staleness, first)

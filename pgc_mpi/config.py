@@ -32,7 +32,7 @@ from .choices import BUILTIN_DATASETS, DEADLINE_POLICIES, DTYPE_NAMES, MODELS, O
 from .errors import ConfigError
 from .faults import KINDS as FAULT_KINDS
 from .faults import parse_faults
-from .schemes import FR_DECODE_RULES, SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
+from .schemes import FR_DECODE_RULES, ON_STALE, SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
 from .stragglers import USAGE as DELAY_USAGE
 from .stragglers import DelayModel
 
@@ -64,6 +64,7 @@ class CoreConfig:
     scheme: str = "pgc-cr"
     stragglers: int = 1
     c: int | None = None
+    replication: int | None = None
     steps: int = 200
     lr: float = 0.5
     optimizer: str = "sgd"
@@ -71,7 +72,8 @@ class CoreConfig:
     delay: str = "none"
     deadline: float | None = None
     on_deadline: str = "wait"
-    max_staleness: int | None = None
+    max_staleness: int | str = "window"
+    on_stale: str = "refresh"
     seed: int = 0
     fr_decode: str = "covered"
 
@@ -89,8 +91,8 @@ class CoreConfig:
         if not isinstance(self.delay, str):
             raise ConfigError(f"--delay must be a string ({DELAY_USAGE}), got {self.delay!r}")
         check_deadline(self.deadline, self.on_deadline)
-        if self.max_staleness is not None:
-            _nonnegative_int("max-staleness", self.max_staleness)
+        bound = parse_max_staleness(self.max_staleness)
+        _choice("on-stale", self.on_stale, ON_STALE)
         # numpy's seeded generators (partitions, minibatches, delays) reject negative seeds, torch's
         # seeds and the checkpoints' int64 attributes stop at 2**63 - 1
         _nonnegative_int("seed", self.seed)
@@ -105,16 +107,36 @@ class CoreConfig:
         except ValueError as exc:  # SchemeError: say which worker count it was checked against
             raise ConfigError(f"{exc} (with {self._describe_workers(workers)})") from None
         depth = scheme.c - 1 if scheme.kind == "coded" and scheme.pipelined else 0
-        if self.max_staleness is not None and self.max_staleness < depth:
+        if isinstance(bound, int) and bound < depth:
             # a pipelined message always combines buffers c - 1 steps old: every one would be rejected
-            raise ConfigError(f"--max-staleness {self.max_staleness} is below {scheme.name}'s pipeline depth c-1 = "
+            raise ConfigError(f"--max-staleness {bound} is below {scheme.name}'s pipeline depth c-1 = "
                               f"{depth}: every message would be rejected and no step could complete; use at least "
-                              f"{depth}")
+                              f"{depth} (or window)")
         DelayModel(self.delay, workers, seed=self.seed)
 
     def make_scheme(self, workers: int) -> CodedScheme | PbsScheme:
         """The scheme these settings describe for `workers` workers (SchemeError if it does not fit)."""
-        return make_scheme(self.scheme, workers, self.stragglers, seed=self.seed, c=self.c, fr_decode=self.fr_decode)
+        return make_scheme(self.scheme, workers, self.stragglers, seed=self.seed, c=self.c, fr_decode=self.fr_decode,
+                           replication=self.replication)
+
+    def staleness_bound(self, scheme: CodedScheme | PbsScheme) -> int | None:
+        """The oldest buffer (in steps) a step may use: the scheme's window (c - 1 for pgc-*, C - 1
+        for pbs, 0 for the others) with `window`, a number of steps, or None (no bound) with `none`."""
+        bound = parse_max_staleness(self.max_staleness)
+        return scheme.staleness_window() if bound == "window" else bound
+
+    def refresh_over(self, scheme: CodedScheme | PbsScheme) -> int | None:
+        """The staleness over which a pipelined worker refreshes its buffers before sending
+        (--on-stale refresh), or None when it never does (reject, or no bound)."""
+        return self.staleness_bound(scheme) if self.on_stale == "refresh" else None
+
+    def scheme_shape(self, scheme: CodedScheme | PbsScheme) -> dict[str, Any]:
+        """What the settings resolve to for this scheme, for config.json and result tables: c
+        (slots per worker), the staleness bound in steps (None: none) and pbs's window C."""
+        shape = {"c": scheme.c, "max_staleness_steps": self.staleness_bound(scheme), "on_stale": self.on_stale}
+        if isinstance(scheme, PbsScheme):
+            shape.update(replication=scheme.replication, window=scheme.table_window)
+        return shape
 
     def _too_few_workers(self, workers: object) -> str:
         return f"--workers must be a positive integer, got {workers!r}"
@@ -209,6 +231,20 @@ class SimConfig(CoreConfig):
 CORE_FIELDS = tuple(f.name for f in fields(CoreConfig))
 
 
+def parse_max_staleness(value: object) -> int | str | None:
+    """--max-staleness as given on the command line or in TOML: `window` (the scheme's own), `none`
+    (None: no bound) or a number of steps >= 0 (ConfigError otherwise)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("window", "none"):
+            return None if text == "none" else "window"
+        if text.isdigit():
+            return int(text)
+    elif _is_int(value) and value >= 0:
+        return value
+    raise ConfigError(f"--max-staleness must be window, none or a number of steps >= 0, got {value!r}")
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -241,7 +277,9 @@ def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
 _HELP = {
     "scheme": f"straggler scheme: {', '.join(SCHEME_NAMES)}",
     "stragglers": "s, the stragglers tolerated per step",
-    "c": "partitions per worker for is-gc-fr/is-gc-cr",
+    "c": "partitions per worker of is-gc-fr/is-gc-cr; for pbs the staleness window C (the table steps with "
+         "entries younger than C steps)",
+    "replication": "pbs only: how many workers store each partition (R)",
     "steps": "training steps (model updates)",
     "lr": "learning rate",
     "optimizer": f"master's optimizer: {', '.join(OPTIMIZERS)}",
@@ -249,7 +287,11 @@ _HELP = {
     "delay": f"straggler injection, extra seconds per worker and step: {DELAY_USAGE}",
     "deadline": "seconds the master waits per step before --on-deadline applies",
     "on_deadline": "on a missed deadline: wait (keep waiting), partial (decode what arrived), fail",
-    "max_staleness": "reject messages whose oldest buffer is older than this many steps",
+    "max_staleness": "oldest buffer a step may use, in steps: window (the scheme's own: c-1 for pgc-*, C-1 for "
+                     "pbs, 0 for the rest), a number, or none (no bound)",
+    "on_stale": "pgc-* worker whose buffers are older than --max-staleness (it missed steps): refresh (recompute "
+                "them at the current model before sending) or reject (send as they are; the master rejects the "
+                "message until the rotation has renewed them)",
     "seed": "seed of data, model, partitions, minibatches, encoding and delays",
     "fr_decode": "when gc-fr, is-gc-fr and pgc-fr decode: covered (as soon as every group has arrived, exact "
                  "and often earlier) or n-s (after the first n-s arrivals, the paper's rule); same gradient",
@@ -277,9 +319,9 @@ _HELP = {
 
 # How a None default reads in the help ("none" unless said here).
 _NONE_DEFAULT = {
-    "c": "s+1",
+    "c": "s+1; is-gc-*: 2; pbs: the replication",
+    "replication": "2",
     "deadline": "no deadline",
-    "max_staleness": "no limit",
     "target_loss": "none, run all --steps",
     "out": "runs/<scheme>-<time>",
     "checkpoint_every": "none, only when stopped by a signal or asked for",
@@ -352,7 +394,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _arg_type(annotation: str) -> type:
+def _int_or_word(text: str) -> int | str:
+    """A flag that takes a number or a word (--max-staleness 3, window, none): checked when validated."""
+    return int(text) if text.strip().isdigit() else text
+
+
+def _arg_type(annotation: str):
+    if annotation == "int | str":
+        return _int_or_word
     if "int" in annotation:
         return int
     if "float" in annotation:
@@ -367,6 +416,8 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
         return None
     if annotation.startswith("bool"):
         ok = isinstance(value, bool)
+    elif annotation == "int | str":
+        ok = _is_int(value) or isinstance(value, str)
     elif annotation.startswith("int"):
         ok = _is_int(value)
     elif annotation.startswith("float"):

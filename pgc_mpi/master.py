@@ -32,8 +32,8 @@ log = logging.getLogger("pgc_mpi")
 
 # While waiting past a missed deadline (policy `wait`), remind the log this often.
 WAIT_REMINDER = 30.0
-# Longest wait between two looks at the models in flight (pbs sends a worker the newest model
-# as soon as its previous one has been delivered, whether or not a gradient arrived).
+# Longest wait between two looks at the models in flight (a worker's answer goes out only once
+# the previous model message to it has been delivered).
 DISPATCH_INTERVAL = 0.05
 
 
@@ -75,7 +75,8 @@ class Master:
         self.n = scheme.n
         self.w = problem.initial_params().astype(link.grad_layout.dtype)
         self.opt = FlatOptimizer(self.w, settings.optimizer, settings.lr, momentum=settings.momentum)
-        self.collector = make_collector(scheme, self.opt.grad, settings.max_staleness)
+        self.collector = make_collector(scheme, self.opt.grad, settings.max_staleness,
+                                        first=resume.step if resume is not None else 0)
         self.control: RunControl | None = None  # set by run()
         self.totals = RunTotals()
         self.sent = [-1] * self.n  # newest model version sent to each worker
@@ -198,17 +199,19 @@ class Master:
             self._decode_time += time.monotonic() - began
 
     def _dispatch(self, t: int) -> None:
-        """Send the model of step t to every worker that needs it: one that has not had it, whose
-        previous model has been delivered and, for coded schemes, whose answer to it is back."""
-        waits = self.collector.waits_for_answer
+        """Send the model of step t to every worker that needs it: one that has not had it (or, for
+        pbs, whose message it answers), whose previous model has been delivered and whose answer
+        to it is back."""
         for i in range(self.n):
-            if self.sent[i] < t and not (waits and self.busy[i]) and not self.link.model_in_flight(i):
+            if self.sent[i] < t and not self.busy[i] and not self.link.model_in_flight(i):
                 self.link.send_model(i)
                 self.sent[i], self.busy[i] = t, True
 
     def _receive(self, t: int, worker: int) -> None:
         """Judge one arrived message, offer it to the collector, and free its buffer unless held."""
         self.busy[worker] = False
+        if self.collector.answers_every_message:  # pbs: the worker waits for the current model
+            self.sent[worker] = -1
         msg = Message.read(self.link.headers[worker])
         kind, why = self._fault(worker, msg)
         if kind is None:

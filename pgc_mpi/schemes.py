@@ -28,10 +28,19 @@ from .table import PartitionTable
 SCHEME_NAMES = (
     "dgd", "is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "is-gc-cr", "pgc-fr", "pgc-cr", "pbs",
 )
+# is-gc-fr and is-gc-cr store this many partitions per worker unless told otherwise: the paper's
+# choice for every s (it fixes the computation per step, c gradients, whatever s is).
+IS_GC_DEFAULT_C = 2
+# pbs stores every partition on this many workers unless told otherwise (--replication).
+PBS_DEFAULT_REPLICATION = 2
+
 # When FR schemes (gc-fr, is-gc-fr, pgc-fr) decode: `covered`, as soon as every group has one
 # arrival (exact, often before n - s arrivals: the original gradient-coding code's rule), or
 # `n-s`, after the first n - s arrivals (the paper's master). The decoded gradient is the same.
 FR_DECODE_RULES = ("covered", "n-s")
+# What a pipelined worker does with buffers older than the staleness bound (after missed steps):
+# recompute them at the current model before sending, or send them and have the message rejected.
+ON_STALE = ("refresh", "reject")
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,13 @@ def _check_int(name: str, value: object, low: int) -> int:
     if value < low:
         raise SchemeError(f"{name} must be >= {low}, got {value}")
     return int(value)
+
+
+def staleness(step: int, version: int, first: int = 0) -> int:
+    """How many steps old, at `step`, a buffer of `version` is: the model it was computed at is
+    that of step max(version, first), since warm-up buffers (virtual versions below `first`, the
+    step a run or resumed run starts at) are computed at the first model."""
+    return step - max(version, first)
 
 
 class Scheme:
@@ -144,6 +160,21 @@ class CodedScheme(Scheme):
         """B[worker, placement[worker]]: the coefficient of each slot in the worker's message."""
         self._check_worker(worker)
         return self._B[worker, self.placement[worker]].copy()
+
+    def staleness_window(self) -> int:
+        """The staleness the scheme's own rotation implies: a pipelined worker that answers every
+        step sends buffers at most c - 1 steps old; the others send only fresh gradients (0)."""
+        return self.c - 1 if self.pipelined else 0
+
+    def refresh_slots(self, worker: int, step: int, versions: Sequence[int], bound: int | None,
+                      first: int = 0) -> tuple[int, ...]:
+        """Stored slots (not fresh at `step`) whose buffers are older than `bound` at `step`: a
+        worker that missed steps recomputes them at the current model before it sends (the
+        catch-up of --on-stale refresh), so its message stays within the bound. None: no bound."""
+        if bound is None or not self.pipelined:
+            return ()
+        fresh = self.fresh_slots(step, worker)
+        return tuple(k for k, v in enumerate(versions) if k not in fresh and staleness(step, v, first) > bound)
 
     def warmup_slots(self, worker: int, step: int = 0) -> tuple[int, ...]:
         """Slots a pipelined worker computes at its first model, of step `step` (0, or the step a
@@ -276,18 +307,28 @@ class ReadyTracker:
 class PbsScheme(Scheme):
     """Bounded-staleness partition table (`pbs`).
 
-    Worker i stores partitions (i, ..., i+c-1) mod n and, each time it is free, computes one
-    minibatch gradient of its next stored partition (cyclically: its k-th computation uses slot
-    k % c) at the newest model it has, and sends (partition, gradient, version). The master keeps
-    a PartitionTable (new_table) of the newest gradient of every partition and steps as soon as
-    every entry is younger than c steps.
+    Worker i stores the R = `replication` partitions (i, ..., i+R-1) mod n (held in `c`, the
+    slots per worker, like every scheme) and, each time it has a model, computes one minibatch
+    gradient of its next stored partition (cyclically: its k-th computation uses slot k % R) and
+    sends (partition, gradient, version). The master keeps a PartitionTable (new_table) of the
+    newest gradient of every partition and steps as soon as every entry is younger than
+    `window` (C) steps and one of them is new since the previous step.
     """
 
     kind = "table"
     pipelined = True
 
-    def __init__(self, n: int, s: int, c: int):
-        super().__init__("pbs", n, s, c, cr_placement(n, c))
+    def __init__(self, n: int, s: int, replication: int, window: int | None = None):
+        super().__init__("pbs", n, s, replication, cr_placement(n, replication))
+        self.replication = replication
+        self.table_window = replication if window is None else window
+
+    def staleness_window(self) -> int:
+        """The oldest entry the table steps with: C - 1 steps."""
+        return self.table_window - 1
+
+    def __repr__(self) -> str:
+        return f"make_scheme('pbs', n={self.n}, s={self.s}, replication={self.c}, c={self.table_window})"
 
     def fresh_slots(self, step: int, worker: int) -> tuple[int, ...]:
         """For pbs `step` is the worker's own computation count: slot step % c."""
@@ -303,8 +344,8 @@ class PbsScheme(Scheme):
         return count // self.c * self.c + slot
 
     def new_table(self, dim: int, dtype: np.dtype | type = np.float64) -> PartitionTable:
-        """An empty table for gradients of `dim` parameters, with staleness window c."""
-        return PartitionTable(self.n, self.c, dim, dtype)
+        """An empty table for gradients of `dim` parameters, with the staleness window C."""
+        return PartitionTable(self.n, self.table_window, dim, dtype)
 
     def encoding_matrix(self) -> np.ndarray:
         """pbs sends single partition gradients, not coded messages."""
@@ -312,13 +353,16 @@ class PbsScheme(Scheme):
 
 
 def make_scheme(
-    name: str, n: int, s: int, seed: int = 0, c: int | None = None, fr_decode: str = "covered"
+    name: str, n: int, s: int, seed: int = 0, c: int | None = None, fr_decode: str = "covered",
+    replication: int | None = None,
 ) -> CodedScheme | PbsScheme:
     """Build a scheme by name for n workers tolerating s stragglers.
 
-    c (partitions per worker) may be set only for is-gc-fr and is-gc-cr; every other replicated
-    scheme uses c = s + 1 (dgd and is-sgd use c = 1). `seed` fixes gc-cr's random encoding.
-    `fr_decode` is when FR schemes decode (FR_DECODE_RULES); other schemes ignore it.
+    c is the partitions per worker of is-gc-fr and is-gc-cr (default 2, capped at n) and the
+    staleness window C of pbs (default: its replication); every other replicated scheme uses
+    c = s + 1 (dgd and is-sgd use c = 1). `replication` (pbs only, default 2) is how many
+    workers store each partition. `seed` fixes gc-cr's random encoding. `fr_decode` is when FR
+    schemes decode (FR_DECODE_RULES); other schemes ignore it.
     """
     if name not in SCHEME_NAMES:
         raise SchemeError(f"unknown scheme {name!r}; choose one of: {', '.join(SCHEME_NAMES)}")
@@ -328,12 +372,16 @@ def make_scheme(
     s = _check_int("s (stragglers)", s, 0)
     if s >= n:
         raise SchemeError(f"s must be smaller than n (the master needs n-s >= 1 workers), got n={n}, s={s}")
-    if c is not None and not name.startswith("is-gc-"):
-        raise SchemeError(f"c applies only to is-gc-fr and is-gc-cr; {name} uses c = s + 1")
+    if c is not None and not (name.startswith("is-gc-") or name == "pbs"):
+        raise SchemeError(f"c applies only to is-gc-fr, is-gc-cr and pbs; {name} uses c = s + 1")
+    if replication is not None and name != "pbs":
+        raise SchemeError(f"replication applies only to pbs; {name} replicates each partition s + 1 times")
+    if name == "pbs":
+        return _make_pbs(n, s, c, replication)
     if name in ("dgd", "is-sgd"):
         c = 1
     elif c is None:
-        c = s + 1
+        c = min(IS_GC_DEFAULT_C, n) if name.startswith("is-gc-") else s + 1
     c = _check_int("c (partitions per worker)", c, 1)
     if c > n:
         raise SchemeError(f"c must be at most n (a worker cannot store more than n partitions), got n={n}, c={c}")
@@ -342,6 +390,13 @@ def make_scheme(
             f"{name} needs n divisible by c = {c} (fractional repetition), got n={n}: "
             f"use a multiple of {c} workers or the cyclic variant {name[:-3]}-cr"
         )
-    if name == "pbs":
-        return PbsScheme(n, s, c)
     return CodedScheme(name, n, s, c, seed, fr_decode)
+
+
+def _make_pbs(n: int, s: int, window: int | None, replication: int | None) -> PbsScheme:
+    replication = _check_int("replication", min(PBS_DEFAULT_REPLICATION, n) if replication is None else replication, 1)
+    if replication > n:
+        raise SchemeError(f"pbs replication must be at most n (each copy is on a different worker), "
+                          f"got n={n}, replication={replication}")
+    window = replication if window is None else _check_int("c (pbs staleness window)", window, 1)
+    return PbsScheme(n, s, replication, window)

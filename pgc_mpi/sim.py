@@ -90,8 +90,9 @@ class SimWorkers:
     """The workers' side of the simulator: when each job ends and what its message then holds.
 
     A coded worker's job for step t computes its fresh slots (c gradients for gc-*, one for
-    pgc-*); a pbs worker's job is its next stored partition at the newest model, and a pbs
-    worker starts the next one as soon as it has sent (it never waits for the master).
+    pgc-*), after its over-stale ones with --on-stale refresh; a pbs worker's job is its next
+    stored partition at the newest model; the master answers every pbs message at once with the
+    current model, except the ones that complete a step (their workers wait for the next).
     """
 
     def __init__(self, scheme: CodedScheme | PbsScheme, cfg: SimConfig, builder: MessageBuilder):
@@ -103,6 +104,8 @@ class SimWorkers:
         self.until = [0.0] * n  # when each worker's current job ends (inf: it hangs)
         self.versions = [[] if self.table else scheme.initial_versions() for _ in range(n)]
         self.count = [0] * n  # pbs: computations started per worker (its slot rotation)
+        self.slots: list[tuple[int, ...]] = [()] * n  # coded: the slots each worker's current job computes
+        self.refresh_over = cfg.refresh_over(scheme)
         self._attempts: dict[tuple[int, int], int] = {}  # pbs: computations per (worker, model)
         self._events: list[tuple[float, int, int, int, float]] = []  # (end, worker, version, count, delay)
 
@@ -117,7 +120,9 @@ class SimWorkers:
             self._attempts[(worker, version)] = attempt + 1
             work, delay = self.cfg.compute_time, self.delays.delay(worker, version, attempt)
         else:
-            work = self.cfg.compute_time * len(self.scheme.fresh_slots(version, worker))
+            catch_up = self.scheme.refresh_slots(worker, version, self.versions[worker], self.refresh_over)
+            self.slots[worker] = (*catch_up, *self.scheme.fresh_slots(version, worker))
+            work = self.cfg.compute_time * len(self.slots[worker])
             delay = self.delays.delay(worker, version)
         self.until[worker] = at + work + delay
         heapq.heappush(self._events, (self.until[worker], worker, version, self.count[worker], delay))
@@ -144,11 +149,11 @@ class SimWorkers:
             payload = self.builder.gradient(part, version, self.scheme.draw_index(count, slot))
             return at, Message(version, worker, (version,), partition=part, delay=delay,
                                compute_time=self.cfg.compute_time), payload
-        fresh = self.scheme.fresh_slots(version, worker)
-        for k in fresh:
+        computed = self.slots[worker]
+        for k in computed:
             self.versions[worker][k] = version
-        msg = Message(version, worker, tuple(self.versions[worker]), delay=delay, gradients=len(fresh),
-                      compute_time=self.cfg.compute_time * len(fresh))
+        msg = Message(version, worker, tuple(self.versions[worker]), delay=delay, gradients=len(computed),
+                      compute_time=self.cfg.compute_time * len(computed))
         return at, msg, self.builder.message(worker, self.versions[worker])
 
     def can_refresh(self, partitions: list[int]) -> bool:
@@ -174,7 +179,7 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
     opt = FlatOptimizer(w, cfg.optimizer, cfg.lr, momentum=cfg.momentum)
     builder = MessageBuilder(scheme, problem)
     builder.add_model(0, w)
-    collector = make_collector(scheme, opt.grad, cfg.max_staleness)
+    collector = make_collector(scheme, opt.grad, cfg.staleness_bound(scheme))
     workers = SimWorkers(scheme, cfg, builder)
     nbytes = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, np.float64).nbytes
     result = SimResult(cfg, trajectory=[w.copy()] if record_params else [])
@@ -237,10 +242,12 @@ def _hopeless(collector: CodedCollector | TableCollector, workers: SimWorkers) -
 
 
 def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers) -> None:
-    """One message to the master; a worker that is not waiting for a new model goes on at once."""
+    """One message to the master, and its answer: the current model at once for a late message
+    (the newest-model rule) and for a pbs message that did not complete the step; otherwise the
+    worker waits for the next step's model (start_idle)."""
     at, msg, payload = workers.finish()
     collector.offer(msg, payload)
-    if not collector.waits_for_answer or msg.step < collector.step:  # the newest-model rule
+    if not collector.ready() and (collector.answers_every_message or msg.step < collector.step):
         workers.start(msg.worker, collector.step, at)
 
 

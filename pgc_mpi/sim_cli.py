@@ -18,7 +18,7 @@ from .schemes import SCHEME_NAMES
 if TYPE_CHECKING:  # pgc_mpi.sim imports torch (its optimizer): main() imports it once the flags are valid
     from .sim import SimResult
 
-DEFAULT_SCHEMES = ("dgd", "is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "pgc-fr", "pgc-cr", "pbs")
+DEFAULT_SCHEMES = ("dgd", "is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "is-gc-cr", "pgc-fr", "pgc-cr", "pbs")
 # pgc-sim's own defaults for shared options: a cluster with exponential stragglers to compare schemes on
 SIM_DEFAULTS = {"delay": "exp:1.0", "steps": 200}
 
@@ -109,7 +109,8 @@ def configs_from_args(args: argparse.Namespace) -> dict[str, SimConfig]:
         raise ConfigError(f"--target-gap must be a finite number >= 0, got {args.target_gap}")
     shared = {name: getattr(args, name) for name in CORE_FIELDS if name != "scheme"}
     return {
-        name: SimConfig(**{**shared, "scheme": name, "c": args.c if name.startswith("is-gc") else None},
+        name: SimConfig(**{**shared, "scheme": name, "c": args.c if name.startswith("is-gc") or name == "pbs" else None,
+                           "replication": args.replication if name == "pbs" else None},
                         workers=args.workers, compute_time=args.compute_time,
                         target_gap=args.target_gap if args.stop_at_target else None)
         for name in schemes

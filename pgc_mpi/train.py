@@ -170,7 +170,7 @@ def _train(cfg: TrainConfig, state, comm, log) -> int:
     delays = DelayModel(cfg.delay, n, seed=cfg.seed)
     if rank > 0:
         run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval), delays,
-                   parse_faults(cfg.fault, n))
+                   parse_faults(cfg.fault, n), refresh_over=cfg.refresh_over(scheme))
         return 0
     return _run_master(cfg, comm, log, scheme, problem, layout, resume)
 
@@ -183,13 +183,14 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, re
     out = Path(cfg.out)
     metrics = MetricsWriter(out, keep_steps_before=resume.step if resume else None)
     write_json(out / "config.json", {"config": cfg.to_dict(), "world_size": comm.Get_size(), "workers": scheme.n,
-                                     "c": scheme.c, "parameters": problem.dim, "versions": _versions()})
+                                     **cfg.scheme_shape(scheme), "parameters": problem.dim, "versions": _versions()})
     log.info("%s with n=%d workers, s=%d, c=%d; %s/%s (%d parameters, %s); output in %s",
              cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.dataset, cfg.model, problem.dim, cfg.dtype, out)
     link = MasterTransport(comm, scheme.n, layout, cfg.poll_interval)
     progress = Progress(cfg.steps, cfg.eval_every, log)
     settings = MasterSettings(steps=cfg.steps, optimizer=cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
-                              deadline=cfg.deadline, on_deadline=cfg.on_deadline, max_staleness=cfg.max_staleness,
+                              deadline=cfg.deadline, on_deadline=cfg.on_deadline,
+                              max_staleness=cfg.staleness_bound(scheme),
                               record_params=cfg.record_params)
     checkpointer = Checkpointer(out / "checkpoints", _identity(cfg, scheme, problem.dim), cfg.to_dict(),
                                 keep=cfg.keep_checkpoints)

@@ -43,15 +43,18 @@ def _send(link: WorkerTransport, faults: list[Fault], worker: int, step: int) ->
 
 
 def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, link: WorkerTransport,
-               delays: DelayModel, faults: list[Fault] | None = None) -> int:
-    """Serve the master until it says stop; returns how many gradients were computed."""
+               delays: DelayModel, faults: list[Fault] | None = None, refresh_over: int | None = None) -> int:
+    """Serve the master until it says stop; returns how many gradients were computed.
+
+    A pipelined worker that finds buffers older than `refresh_over` steps (it missed steps)
+    recomputes them at the current model before it sends (--on-stale refresh; None: never)."""
     faults = faults or []
     if isinstance(scheme, PbsScheme):
         return _run_table_worker(worker, scheme, problem, link, delays, faults)
     parts = scheme.placement[worker]
     coef = scheme.coefficients(worker).astype(link.payload.dtype)
     buffers = np.zeros((scheme.c, problem.dim), dtype=link.payload.dtype)
-    step = link.next_model()
+    step = first = link.next_model()
     computed = 0
     if step is not None:  # the first model: step 0, or the step a resumed run starts at
         versions = scheme.warmup_versions(step)
@@ -61,7 +64,8 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
     while step is not None:
         losses = []
         began = time.perf_counter()
-        for k in scheme.fresh_slots(step, worker):
+        catch_up = scheme.refresh_slots(worker, step, versions, refresh_over, first)
+        for k in (*catch_up, *scheme.fresh_slots(step, worker)):
             loss, buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(step, k))
             versions[k] = step
             losses.append(loss)

@@ -19,7 +19,7 @@ def test_a_streaming_decoder_sums_as_messages_arrive_and_scales_once():
     scheme = make_scheme("pgc-cr", 4, 1)
     grad = np.zeros(3)
     col = make_collector(scheme, grad)
-    assert isinstance(col, CodedCollector) and col.waits_for_answer
+    assert isinstance(col, CodedCollector) and not col.answers_every_message
     col.begin(2)
     for i in (0, 1, 2):
         assert col.offer(_msg(2, i, [2, 1], loss=float(i)), np.full(3, i + 1.0)) == "accepted"
@@ -78,7 +78,7 @@ def test_the_table_steps_when_fresh_and_records_ages():
     scheme = make_scheme("pbs", 3, 1)
     grad = np.zeros(2)
     col = make_collector(scheme, grad, max_staleness=2)
-    assert isinstance(col, TableCollector) and not col.waits_for_answer
+    assert isinstance(col, TableCollector) and col.answers_every_message
     col.begin(0)
     with pytest.raises(NotDecodable):
         col.decode()

@@ -205,7 +205,8 @@ def test_every_partition_is_stored_by_exactly_c_workers(name, n):
     for s, c_given in valid_params(name, n):
         sch = make_scheme(name, n, s, c=c_given)
         c = sch.c
-        assert c == (c_given if c_given is not None else s + 1)
+        default = min(2, n) if name == "pbs" else s + 1  # pbs: the default replication
+        assert c == (c_given if c_given is not None else default)
         assert all(len(parts) == c == len(set(parts)) for parts in sch.placement)
         assert [len(h) for h in holders(sch.placement, n)] == [c] * n
         for i, parts in enumerate(sch.placement):
@@ -408,10 +409,12 @@ def test_unpipelined_draw_is_the_step(name):
 # ---- pbs -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n, s", [(3, 1), (5, 2), (6, 0), (7, 6)])
-def test_pbs_rotation_and_interleaved_draws(n, s):
-    sch = make_scheme("pbs", n, s)
-    c = s + 1
+@pytest.mark.parametrize("n, replication, window", [(3, 2, None), (5, 3, 1), (6, 1, 4), (7, 7, 8)])
+def test_pbs_rotation_and_interleaved_draws(n, replication, window):
+    sch = make_scheme("pbs", n, 1, c=window, replication=replication)
+    c = replication
+    assert sch.c == sch.replication == c and sch.table_window == (window or replication)
+    assert sch.staleness_window() == sch.table_window - 1
     rounds = 4
     draws: dict[int, list[int]] = defaultdict(list)
     for w in range(n):
@@ -428,7 +431,7 @@ def test_pbs_rotation_and_interleaved_draws(n, s):
         sch.encoding_matrix()
     table = sch.new_table(5)
     assert isinstance(table, PartitionTable)
-    assert (table.n, table.window, table.grads.shape) == (n, c, (n, 5))
+    assert (table.n, table.window, table.grads.shape) == (n, sch.table_window, (n, 5))
 
 
 # ---- PartitionTable ------------------------------------------------------------------------------
@@ -481,10 +484,11 @@ def test_partition_table_rejects_unknown_partitions(partition):
         (("is-gc-fr", 3, 1), 6, "c must be at most n"),
         (("is-gc-cr", 3, 1), 0, r"c \(partitions per worker\) must be >= 1"),
         (("is-gc-cr", 3, 1), 2.0, r"c \(partitions per worker\) must be an integer"),
-        (("gc-cr", 4, 1), 2, "c applies only to is-gc-fr and is-gc-cr"),
-        (("pgc-cr", 4, 1), 2, "c applies only to is-gc-fr and is-gc-cr"),
-        (("dgd", 4, 0), 1, "c applies only to is-gc-fr and is-gc-cr"),
-        (("pbs", 4, 1), 2, "c applies only to is-gc-fr and is-gc-cr"),
+        (("gc-cr", 4, 1), 2, "c applies only to is-gc-fr, is-gc-cr and pbs"),
+        (("pgc-cr", 4, 1), 2, "c applies only to is-gc-fr, is-gc-cr and pbs"),
+        (("dgd", 4, 0), 1, "c applies only to is-gc-fr, is-gc-cr and pbs"),
+        (("pbs", 4, 1), 0, r"c \(pbs staleness window\) must be >= 1"),
+        (("is-gc-fr", 3, 1), None, "needs n divisible by c = 2"),
         (("gc-cr", 4.0, 1), None, r"n \(workers\) must be an integer"),
         (("gc-cr", "4", 1), None, r"n \(workers\) must be an integer"),
         (("gc-cr", True, 0), None, r"n \(workers\) must be an integer"),
@@ -496,6 +500,39 @@ def test_bad_parameters(args, c, match):
     with pytest.raises(SchemeError, match=match) as info:
         make_scheme(*args, c=c)
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("name, replication, match", [
+    ("pgc-cr", 2, "replication applies only to pbs"),
+    ("pbs", 5, "replication must be at most n"),
+    ("pbs", 0, "replication must be >= 1"),
+])
+def test_bad_replication(name, replication, match):
+    with pytest.raises(SchemeError, match=match):
+        make_scheme(name, 4, 1, replication=replication)
+
+
+def test_is_gc_stores_two_partitions_by_default_whatever_s():
+    for s in range(4):
+        assert make_scheme("is-gc-cr", 6, s).c == 2
+    assert make_scheme("is-gc-fr", 1, 0).c == 1  # capped at n
+
+
+@pytest.mark.parametrize("name", ["pgc-fr", "pgc-cr"])
+def test_refresh_slots_are_the_stored_slots_older_than_the_bound(name):
+    sch = make_scheme(name, 6, 2)  # c = 3
+    assert sch.staleness_window() == 2
+    # in step: slots at their rotation's versions are within the window, nothing to refresh
+    assert sch.refresh_slots(0, 7, [6, 7, 5], 2) == ()
+    # back after missing steps 5..9 at step 10 (fresh slot 10 % 3 = 1): slots 0 and 2 are over 2 old
+    assert sch.refresh_slots(0, 10, [3, 4, 2], 2) == (0, 2)
+    assert sch.refresh_slots(0, 10, [3, 4, 8], 2) == (0,)
+    assert sch.refresh_slots(0, 10, [3, 4, 2], None) == ()  # no bound
+    assert sch.refresh_slots(0, 10, [3, 4, 2], 8) == ()
+    # warm-up buffers (virtual versions below the first step) count as computed at the first model
+    assert sch.refresh_slots(0, 2, [-3, -2, -1], 1, first=0) == (0, 1)
+    assert sch.refresh_slots(0, 12, [7, 8, 9], 1, first=12) == ()
+    assert make_scheme("gc-cr", 6, 2).refresh_slots(0, 10, [1, 1, 1], 0) == ()  # never for unpipelined
 
 
 @pytest.mark.parametrize("name", ["gc_cr", "GC-CR", "pgc", "", "sgd"])

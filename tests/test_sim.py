@@ -9,7 +9,7 @@ from pgc_mpi.collector import DeadlineMissed
 from pgc_mpi.config import SimConfig
 from pgc_mpi.message import MessageRecord
 from pgc_mpi.problems import LeastSquares, Logistic
-from pgc_mpi.schemes import make_scheme
+from pgc_mpi.schemes import SCHEME_NAMES, make_scheme
 from pgc_mpi.sim import replay, simulate
 from pgc_mpi.sim_cli import main as sim_main
 
@@ -69,11 +69,39 @@ def test_a_slow_worker_is_late_and_follows_the_newest_model(lsq12):
     assert res.median_step_time() == pytest.approx(1.0)
 
 
-def test_staleness_bound_rejects_old_buffers(lsq12):
-    cfg = SimConfig(scheme="pgc-cr", workers=12, stragglers=1, steps=40, delay="random:1:1.5", max_staleness=1, seed=2)
+def test_staleness_bound_rejects_or_refreshes_old_buffers(lsq12):
+    base = dict(scheme="pgc-cr", workers=12, stragglers=1, steps=40, delay="random:1:1.5", max_staleness=1, seed=2)
+    rejecting = simulate(SimConfig(**base, on_stale="reject"), lsq12)
+    assert all(r["max_staleness"] <= 1 for r in rejecting.records)
+    assert sum(r["stale_rejected"] for r in rejecting.records) > 0
+    assert sum(r["refreshed"] for r in rejecting.records) == 0
+    refreshing = simulate(SimConfig(**base, on_stale="refresh"), lsq12)
+    assert all(r["max_staleness"] <= 1 for r in refreshing.records)
+    assert sum(r["stale_rejected"] for r in refreshing.records) == 0  # a catch-up message is never over the bound
+    refreshed = sum(r["refreshed"] for r in refreshing.records)
+    assert refreshed > 0
+    # the catch-up gradients are in the messages' gradient counts: one fresh gradient each, plus them
+    messages = [MessageRecord._make(m) for r in refreshing.records for m in r["messages"]]
+    assert sum(m.gradients for m in messages) == len(messages) + refreshed
+    unbounded = simulate(SimConfig(**{**base, "max_staleness": "none"}), lsq12)
+    assert max(r["max_staleness"] for r in unbounded.records) > 1
+
+
+@pytest.mark.parametrize("delay", ["exp:1.0", "bimodal:0.3:0.1:4:8", "hang:3@5+exp:0.5"])
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+@pytest.mark.parametrize("on_stale", ["refresh", "reject"])
+def test_default_staleness_stays_within_the_scheme_s_window(lsq12, scheme, delay, on_stale):
+    cfg = SimConfig(scheme=scheme, workers=12, stragglers=2, steps=120, delay=delay, seed=7, on_stale=on_stale)
     res = simulate(cfg, lsq12)
-    assert all(r["max_staleness"] <= 1 for r in res.records)
-    assert sum(len(r["rejected"]) for r in res.records) > 0
+    window = cfg.make_scheme(12).staleness_window()
+    assert window == {"pgc-fr": 2, "pgc-cr": 2, "pbs": 1}.get(scheme, 0)
+    if scheme == "dgd" and "hang" in delay:  # dgd waits for every worker: a hang stops it
+        assert res.stalled is not None and len(res.records) == 5
+    else:
+        assert res.stalled is None and len(res.records) == 120
+    assert max(r["max_staleness"] for r in res.records) <= window
+    # warm-up buffers count as computed at the initial model: step 0 uses nothing older than it
+    assert res.records[0]["max_staleness"] == 0
 
 
 def test_hung_worker_coded_scheme_finishes_dgd_stalls(lsq12):
@@ -162,7 +190,7 @@ def test_pbs_rejects_messages_over_max_staleness(lsq12):
     for r in res.records:
         for m in map(MessageRecord._make, r["messages"]):
             assert m.verdict == "stale" or r["step"] - m.step <= 1
-    unbounded = simulate(SimConfig(**{**cfg.__dict__, "max_staleness": None}), lsq12)
+    unbounded = simulate(SimConfig(**{**cfg.__dict__, "max_staleness": "none"}), lsq12)
     assert not any(r["rejected"] for r in unbounded.records)
 
 
