@@ -76,6 +76,7 @@ class CoreConfig:
     on_stale: str = "refresh"
     seed: int = 0
     fr_decode: str = "covered"
+    adapt: bool = False
 
     def validate_core(self, workers: int) -> None:
         """Check the shared fields, then that the scheme, s, c and the delay model fit `workers` workers."""
@@ -93,6 +94,10 @@ class CoreConfig:
         check_deadline(self.deadline, self.on_deadline)
         bound = parse_max_staleness(self.max_staleness)
         _choice("on-stale", self.on_stale, ON_STALE)
+        if not isinstance(self.adapt, bool):
+            raise ConfigError(f"--adapt must be true or false, got {self.adapt!r}")
+        if self.adapt and self.scheme != "pbs":
+            raise ConfigError(f"--adapt applies only to pbs (its diagnostics drive it), not {self.scheme}")
         # numpy's seeded generators (partitions, minibatches, delays) reject negative seeds, torch's
         # seeds and the checkpoints' int64 attributes stop at 2**63 - 1
         _nonnegative_int("seed", self.seed)
@@ -295,6 +300,8 @@ _HELP = {
     "seed": "seed of data, model, partitions, minibatches, encoding and delays",
     "fr_decode": "when gc-fr, is-gc-fr and pgc-fr decode: covered (as soon as every group has arrived, exact "
                  "and often earlier) or n-s (after the first n-s arrivals, the paper's rule); same gradient",
+    "adapt": "pbs only: halve the learning rate (down to 1/64 of it) at a diagnostics probe where the stale-error "
+             "bound L^2*displacement exceeds a quarter of ||g_hat||^2",
     "batch_size": "minibatch size per partition gradient",
     "dataset": f"built-in data set ({', '.join(BUILTIN_DATASETS)}) or an HDF5 file made by `python -m data_prep`",
     "model": f"model: {', '.join(MODELS)}",

@@ -20,6 +20,7 @@ import torch
 from .checkpoint import Checkpoint, Checkpointer
 from .collector import Decoded, make_collector
 from .control import RunControl
+from .diagnostics import TableDiagnostics
 from .errors import Diverged, NotDecodable
 from .message import Message
 from .metrics import MetricsWriter, Progress, RepeatedWarnings
@@ -49,6 +50,8 @@ class MasterSettings:
     on_deadline: str = "wait"
     max_staleness: int | None = None
     record_params: bool = False
+    probe_every: int = 20  # pbs diagnostics: steps between two probes (two validation gradients)
+    adapt: bool = False
 
 
 @dataclass
@@ -77,6 +80,8 @@ class Master:
         self.opt = FlatOptimizer(self.w, settings.optimizer, settings.lr, momentum=settings.momentum)
         self.collector = make_collector(scheme, self.opt.grad, settings.max_staleness,
                                         first=resume.step if resume is not None else 0)
+        self.diagnostics = (TableDiagnostics(problem, settings.probe_every, settings.max_staleness, settings.adapt)
+                            if isinstance(scheme, PbsScheme) else None)
         self.control: RunControl | None = None  # set by run()
         self.totals = RunTotals()
         self.sent = [-1] * self.n  # newest model version sent to each worker
@@ -123,17 +128,24 @@ class Master:
                 dec, missed = self._collect(t, began)
                 if dec is None:  # a stop signal: the step in progress is abandoned
                     break
+                extra = self._diagnose(t)
                 self._update(t)
             except Diverged as exc:  # no checkpoint of non-finite numbers: the last finite one stays
                 log.error("%s", exc)
                 self.totals.diverged = str(exc)
                 break
-            if self._finish_step(t, began, dec, missed):
+            if self._finish_step(t, began, dec, missed, extra):
                 break
         self._warnings.flush()
         if self.totals.diverged is None and control.checkpoint_at_end():
             self.checkpoint()
         return self.totals
+
+    def _diagnose(self, t: int) -> dict:
+        """pbs's error decomposition of the decoded step (pgc_mpi.diagnostics); nothing for the others."""
+        if self.diagnostics is None:
+            return {}
+        return self.diagnostics.observe(t, self.collector.table, self.opt.grad, self.opt)
 
     def _update(self, t: int) -> None:
         """The optimizer step; parameters that are no longer finite end the run."""
@@ -154,6 +166,8 @@ class Master:
         decoded is None when a stop signal arrived."""
         collector, deadline = self.collector, self.settings.deadline
         collector.begin(t)
+        if self.diagnostics is not None:
+            self.diagnostics.remember(t, self.w)
         self._decode_time = 0.0
         self._rejected = {}
         self.link.publish(t, self.w)
@@ -210,8 +224,6 @@ class Master:
     def _receive(self, t: int, worker: int) -> None:
         """Judge one arrived message, offer it to the collector, and free its buffer unless held."""
         self.busy[worker] = False
-        if self.collector.answers_every_message:  # pbs: the worker waits for the current model
-            self.sent[worker] = -1
         msg = Message.read(self.link.headers[worker])
         kind, why = self._fault(worker, msg)
         if kind is None:
@@ -223,6 +235,8 @@ class Master:
             self.link.post(worker)
         if kind is not None:
             self._reject(t, worker, kind, why)
+        elif self.collector.answers_every_message:  # pbs: answered with the current model at once
+            self.sent[worker] = -1
 
     def _fault(self, worker: int, msg: Message) -> tuple[str | None, str]:
         """(kind, why) a received message must not enter the model, or (None, ""): a NaN or Inf never does."""
@@ -266,11 +280,11 @@ class Master:
             raise Diverged(f"training diverged at step {t}: every worker's gradient or loss is NaN or Inf "
                            f"(lower --lr, or check the data and the checkpoint for NaN/Inf)")
 
-    def _finish_step(self, t: int, began: float, dec: Decoded, missed: bool) -> bool:
+    def _finish_step(self, t: int, began: float, dec: Decoded, missed: bool, extra: dict) -> bool:
         """Release held buffers, log the step, checkpoint when due; returns True to stop."""
         for i in self.collector.held:
             self.link.post(i)
-        record = self.collector.record(dec, missed)
+        record = {**self.collector.record(dec, missed), **extra}
         step_time = time.monotonic() - began
         totals = self.totals
         totals.steps = t + 1

@@ -188,6 +188,17 @@ class TorchProblem:
         """The gradient of loss_and_grad."""
         return self.loss_and_grad(w, partition, draw)[1]
 
+    def probe_grad(self, w: np.ndarray) -> np.ndarray:
+        """The mean-loss gradient at w on a fixed minibatch of the test split (the first
+        --batch-size samples): the validation minibatch pbs's diagnostics compare models on."""
+        x, y = self._split("test")
+        rows = slice(0, self.batch_size or len(y))
+        self._load(w)
+        self.module.train()
+        self.flat.flat_grad.zero_()
+        self._loss(self.module(x[rows]), y[rows]).backward()
+        return self.flat.grads.copy()
+
     def _split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         if split not in self._eval:
             self._eval[split] = self._tensors(*self.source.read_split(split))

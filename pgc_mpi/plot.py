@@ -1,4 +1,5 @@
-"""`pgc-plot RUN_OR_BENCH_DIR...`: loss vs steps and vs wall time, step times, staleness (PNG)."""
+"""`pgc-plot RUN_OR_BENCH_DIR...`: loss vs steps and vs wall time, step times, staleness and, for
+pbs runs, the error decomposition (PNG)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,37 @@ def draw(runs: list[Path], out: Path) -> list[Path]:
     fig.savefig(out / "staleness.png", dpi=120)
     plt.close(fig)
     written.append(out / "staleness.png")
+    tables = [(label, steps) for label, _, steps, _ in loaded if any("grad_norm_sq" in r for r in steps)]
+    if tables:
+        written.append(_draw_decomposition(plt, tables, out / "pbs_decomposition.png"))
     return written
+
+
+def _draw_decomposition(plt, runs: list[tuple[str, list[dict]]], path: Path) -> Path:
+    """pbs: ||g_hat||^2 per step against the stale-error bound L_hat^2 * displacement at each probe
+    (pgc_mpi.diagnostics), and the mean squared displacement of the table's models."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
+    for k, (label, steps) in enumerate(runs):
+        color = f"C{k % 10}"
+        top.plot([r["step"] for r in steps], [r["grad_norm_sq"] for r in steps], color=color, lw=0.8,
+                 label=f"{label}: ||g_hat||^2")
+        probes = [r for r in steps if "error_bound" in r]
+        top.plot([r["step"] for r in probes], [r["error_bound"] for r in probes], color=color, ls="none",
+                 marker="x", label=f"{label}: L_hat^2 x displacement")
+        bottom.plot([r["step"] for r in steps], [r["displacement"] for r in steps], color=color, lw=0.8, label=label)
+    top.set_yscale("log")
+    top.set_ylabel("squared norm")
+    top.legend(fontsize=7)
+    top.grid(alpha=0.3)
+    bottom.set_yscale("symlog", linthresh=1e-8)  # a step with every entry at w_t has displacement 0
+    bottom.set_ylim(bottom=0)
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("mean ||w_t - w_v||^2 over the table")
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

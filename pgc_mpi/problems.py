@@ -2,9 +2,11 @@
 
 A problem is anything with: `dim`, `initial_params()`, `grad(w, partition, draw)` (the mean-loss
 gradient of that partition's `draw`-th minibatch at w), `loss_and_grad` (that minibatch's loss
-too), `loss(w)` (the full training objective),
-`evaluate(w)` (a dict of metrics) and `optimum` (F*, or None when unknown). The numpy problems
-here are convex with a known optimum; torch models implement the same protocol (models.py).
+too), `loss(w)` (the full training objective), `evaluate(w)` (a dict of metrics),
+`probe_grad(w)` (the gradient on one fixed validation minibatch, for pbs's diagnostics) and
+`optimum` (F*, or None when unknown). The numpy problems here are convex with a known optimum
+and a held-out validation set drawn from the same distribution; torch models implement the same
+protocol (models.py).
 """
 
 from __future__ import annotations
@@ -32,9 +34,15 @@ class Problem(Protocol):
 
     def evaluate(self, w: np.ndarray) -> dict[str, float]: ...
 
+    def probe_grad(self, w: np.ndarray) -> np.ndarray: ...
+
 
 class _ConvexProblem:
-    """A data matrix split into n partitions, with minibatches drawn per partition."""
+    """A data matrix split into n partitions, with minibatches drawn per partition, and a
+    validation set (`X_val`, `y_val`) from the same distribution, never trained on."""
+
+    X_val: np.ndarray
+    y_val: np.ndarray
 
     def __init__(self, X: np.ndarray, y: np.ndarray, n: int, batch_size: int | None, seed: int):
         self.X, self.y = X, y
@@ -66,7 +74,13 @@ class _ConvexProblem:
         out = {"train_loss": self.loss(w)}
         if self.optimum is not None:
             out["gap"] = out["train_loss"] - self.optimum
+        out["val_loss"] = self._loss(w, self.X_val, self.y_val)
         return out
+
+    def probe_grad(self, w: np.ndarray) -> np.ndarray:
+        """The gradient on the first --batch-size validation samples (all of them without one)."""
+        rows = slice(0, self.batch_size or len(self.y_val))
+        return self._grad(w, self.X_val[rows], self.y_val[rows])
 
     def _grad(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -82,8 +96,12 @@ class LeastSquares(_ConvexProblem):
                  batch_size: int | None = None, seed: int = 0):
         rng = np.random.default_rng([seed, 0x15])
         X = rng.standard_normal((samples, dim))
-        y = X @ rng.standard_normal(dim) + noise * rng.standard_normal(samples)
+        truth = rng.standard_normal(dim)
+        y = X @ truth + noise * rng.standard_normal(samples)
         super().__init__(X, y, n, batch_size, seed)
+        val = np.random.default_rng([seed, 0x15, 1])  # its own stream: the training data stay as they were
+        self.X_val = val.standard_normal((_validation_size(samples), dim))
+        self.y_val = self.X_val @ truth + noise * val.standard_normal(len(self.X_val))
         w_star, *_ = np.linalg.lstsq(X, y, rcond=None)
         self.optimum = self.loss(w_star)
 
@@ -102,10 +120,14 @@ class Logistic(_ConvexProblem):
                  batch_size: int | None = None, seed: int = 0):
         rng = np.random.default_rng([seed, 0x1061])
         X = rng.standard_normal((samples, dim))
-        margin = X @ rng.standard_normal(dim) + 0.5 * rng.standard_normal(samples)
+        truth = rng.standard_normal(dim)
+        margin = X @ truth + 0.5 * rng.standard_normal(samples)
         y = np.where(margin > 0, 1.0, -1.0)
         self.reg = reg
         super().__init__(X, y, n, batch_size, seed)
+        val = np.random.default_rng([seed, 0x1061, 1])
+        self.X_val = val.standard_normal((_validation_size(samples), dim))
+        self.y_val = np.where(self.X_val @ truth + 0.5 * val.standard_normal(len(self.X_val)) > 0, 1.0, -1.0)
         self.optimum = self.loss(self._newton())
 
     def _grad(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -115,6 +137,10 @@ class Logistic(_ConvexProblem):
     def _loss(self, w: np.ndarray, X: np.ndarray, y: np.ndarray) -> float:
         z = y * (X @ w)
         return float(np.mean(np.logaddexp(0.0, -z)) + 0.5 * self.reg * w @ w)
+
+    def evaluate(self, w: np.ndarray) -> dict[str, float]:
+        """The training loss and gap, and the validation loss and accuracy (sign of X w)."""
+        return {**super().evaluate(w), "val_accuracy": float(np.mean(np.sign(self.X_val @ w) == self.y_val))}
 
     def _newton(self) -> np.ndarray:
         w = np.zeros(self.dim)
@@ -126,6 +152,11 @@ class Logistic(_ConvexProblem):
             if np.linalg.norm(g) < 1e-13:
                 break
         return w
+
+
+def _validation_size(samples: int) -> int:
+    """Validation samples beside `samples` training ones: a fifth as many (at least 20)."""
+    return max(20, samples // 5)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ import numpy as np
 
 from .collector import CodedCollector, Decoded, TableCollector, make_collector
 from .config import SimConfig
+from .diagnostics import TableDiagnostics
 from .message import Layout, Message, buffers_per_message, gradient_header
 from .optim import FlatOptimizer
 from .problems import Problem
@@ -181,6 +182,8 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
     builder.add_model(0, w)
     collector = make_collector(scheme, opt.grad, cfg.staleness_bound(scheme))
     workers = SimWorkers(scheme, cfg, builder)
+    diagnostics = (TableDiagnostics(problem, 1, cfg.staleness_bound(scheme), cfg.adapt)  # probes every step
+                   if isinstance(scheme, PbsScheme) else None)
     nbytes = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, np.float64).nbytes
     result = SimResult(cfg, trajectory=[w.copy()] if record_params else [])
     now, received = 0.0, 0
@@ -188,6 +191,8 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
     for t in range(cfg.steps):
         began = now
         collector.begin(t)
+        if diagnostics is not None:
+            diagnostics.remember(t, w)
         workers.start_idle(t, now)
         dec, missed, now, arrived = _collect(collector, workers, cfg, began)
         received += arrived
@@ -195,11 +200,13 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
             result.stalled = (f"step {t}: {scheme.name} cannot decode, the workers still out never answer "
                               f"(still waiting for {collector.waits_on} {collector.waiting_for()})")
             break
+        extra = {} if diagnostics is None else diagnostics.observe(t, collector.table, opt.grad, opt)
         opt.step()
         builder.add_model(t + 1, w)
         builder.forget_before(workers.oldest_version())
         record = {"step": t, "wall_time": now, "step_time": now - began, "decode_time": 0.0,
-                  "bytes_received": received * nbytes, **collector.record(dec, missed), **problem.evaluate(w)}
+                  "bytes_received": received * nbytes, **collector.record(dec, missed), **extra,
+                  **problem.evaluate(w)}
         result.records.append(record)
         if record_params:
             result.trajectory.append(w.copy())
@@ -227,12 +234,8 @@ def _collect(collector: CodedCollector | TableCollector, workers: SimWorkers, cf
         if nxt == math.inf or (math.isinf(deadline_at) or missed) and _hopeless(collector, workers):
             return None, missed, now, arrived
         now = nxt
-        _deliver(collector, workers)
-        arrived += 1
+        arrived += _deliver(collector, workers, now)
         if collector.ready():
-            while workers.next_time() <= now:  # arrivals at the same instant all count
-                _deliver(collector, workers)
-                arrived += 1
             return collector.decode(), missed, now, arrived
 
 
@@ -241,14 +244,22 @@ def _hopeless(collector: CodedCollector | TableCollector, workers: SimWorkers) -
     return workers.table and math.inf in workers.until and not workers.can_refresh(collector.waiting_for())
 
 
-def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers) -> None:
-    """One message to the master, and its answer: the current model at once for a late message
-    (the newest-model rule) and for a pbs message that did not complete the step; otherwise the
-    worker waits for the next step's model (start_idle)."""
-    at, msg, payload = workers.finish()
-    collector.offer(msg, payload)
-    if not collector.ready() and (collector.answers_every_message or msg.step < collector.step):
-        workers.start(msg.worker, collector.step, at)
+def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers, now: float) -> int:
+    """Every message that arrives at time `now` to the master (it reads them all before it
+    answers, as the MPI master reads a poll's batch), then the answers: the current model at
+    once for a late message (the newest-model rule) and, unless the step is now complete, for
+    every pbs message; otherwise the worker waits for the next step's model (start_idle).
+    Returns how many messages arrived."""
+    batch = []
+    while workers.next_time() <= now:
+        at, msg, payload = workers.finish()
+        collector.offer(msg, payload)
+        batch.append(msg)
+    if not collector.ready():
+        for msg in batch:
+            if collector.answers_every_message or msg.step < collector.step:
+                workers.start(msg.worker, collector.step, now)
+    return len(batch)
 
 
 def replay(scheme: CodedScheme, problem: Problem, steps: Iterable[dict], optimizer: str = "sgd",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -10,7 +11,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .config import CORE_FIELDS, SimConfig, add_core_options, show_default
+import numpy as np
+
+from .config import CORE_FIELDS, MAX_SEED, SimConfig, add_core_options, show_default
 from .errors import ConfigError, PgcError
 from .problems import PROBLEMS
 from .schemes import SCHEME_NAMES
@@ -50,67 +53,108 @@ def build_parser() -> argparse.ArgumentParser:
                      help="optimality gap F(w)-F* that counts as reached (default: %(default)s)")
     own.add_argument("--stop-at-target", action="store_true",
                      help="stop each run once the target gap is reached (default: off, run all --steps)")
+    own.add_argument("--seeds", type=int, default=1,
+                     help="run every scheme with seeds SEED, SEED+1, ... (data, partitions and delays follow "
+                          "the seed; the schemes of one seed see the same delays) and report mean±sd "
+                          "(default: %(default)s)")
     own.add_argument("--out", type=Path, default=None,
                      help="write every run's per-step records as JSON lines to this file (default: none)")
     return p
 
 
-def summarize(results: dict[str, SimResult], target: float) -> list[dict]:
-    """One row per scheme: steps and time to target, step time and its ratio to dgd's."""
-    base = results["dgd"].median_step_time() if "dgd" in results else math.nan
+def _per_seed(res: SimResult, target: float, dgd: SimResult | None) -> dict:
+    """One simulated run's figures (a row of one seed)."""
+    hit = res.first_below("gap", target)
+    records = res.records
+    gradients = sum(m[4] for r in records for m in r["messages"])  # MessageRecord.gradients
+    return {
+        "steps_to_target": hit["step"] + 1 if hit else None,
+        "time_to_target": hit["wall_time"] if hit else None,
+        "median_step_time": res.median_step_time(),
+        "step_time_vs_dgd": res.median_step_time() / dgd.median_step_time() if dgd is not None else math.nan,
+        "final_gap": records[-1].get("gap", math.nan) if records else math.nan,
+        "max_staleness": max((r["max_staleness"] for r in records), default=0),
+        "late_messages": sum(r["late"] for r in records),
+        "stale_rejected": sum(r.get("stale_rejected", 0) for r in records),
+        "gradients_per_step": gradients / len(records) if records else math.nan,
+        "stalled": res.stalled,
+    }
+
+
+def summarize(results: dict[str, list[SimResult]], target: float) -> list[dict]:
+    """One row per scheme over its seeds: means and standard deviations of the per-seed figures
+    (times to target over the seeds that reached it, `reached` of `seeds`), worst staleness."""
     rows = []
-    for name, res in results.items():
-        hit = res.first_below("gap", target)
-        last = res.records[-1] if res.records else {}
-        rows.append({
-            "scheme": name,
-            "steps_run": len(res.records),
-            "steps_to_target": hit["step"] + 1 if hit else None,
-            "time_to_target": hit["wall_time"] if hit else None,
-            "median_step_time": res.median_step_time(),
-            "step_time_vs_dgd": res.median_step_time() / base,
-            "final_gap": last.get("gap", math.nan),
-            "max_staleness": max((r["max_staleness"] for r in res.records), default=0),
-            "late_messages": sum(r["late"] for r in res.records),
-            "stalled": res.stalled,
-        })
+    for name, runs in results.items():
+        dgds = results.get("dgd", [None] * len(runs))
+        seeds = [_per_seed(res, target, dgd) for res, dgd in zip(runs, dgds)]
+        reached = sum(r["time_to_target"] is not None for r in seeds)
+        row: dict = {"scheme": name, "seeds": len(seeds), "reached": reached,
+                     "max_staleness": max(r["max_staleness"] for r in seeds),
+                     "stalled": next((r["stalled"] for r in seeds if r["stalled"]), None)}
+        for key in ("steps_to_target", "time_to_target", "median_step_time", "step_time_vs_dgd", "final_gap",
+                    "late_messages", "stale_rejected", "gradients_per_step"):
+            values = [r[key] for r in seeds if r[key] is not None]
+            row[key] = float(np.mean(values)) if values else None
+            row[key + "_sd"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+        rows.append(row)
     return rows
 
 
-def format_table(rows: list[dict], target: float, fr_decode: str = "covered") -> str:
-    """The comparison as an aligned text table, headed by what it depends on (target, FR rule)."""
-    head = ["scheme", "steps to gap", "time to gap", "median step", "vs dgd", "final gap", "max stale", "late"]
+def _spread(row: dict, key: str, fmt: str) -> str:
+    """`mean ± sd` (or just the mean for one seed; `-` when no seed has a value)."""
+    if row[key] is None or math.isnan(row[key]):
+        return "-"
+    text = format(row[key], fmt)
+    return f"{text}±{format(row[key + '_sd'], fmt)}" if row["seeds"] > 1 else text
+
+
+def format_table(rows: list[dict], target: float, fr_decode: str = "covered", header: str = "") -> str:
+    """The comparison as an aligned text table, headed by what it depends on (target, rules, seeds)."""
+    head = ["scheme", "reached", "steps to gap", "time to gap", "median step", "vs dgd", "final gap",
+            "grads/step", "max stale", "rejected", "late"]
     lines = [head]
     for r in rows:
         lines.append([
             r["scheme"],
-            "-" if r["steps_to_target"] is None else str(r["steps_to_target"]),
-            "-" if r["time_to_target"] is None else f"{r['time_to_target']:.1f}",
-            f"{r['median_step_time']:.3f}",
-            f"{r['step_time_vs_dgd']:.2f}",
+            f"{r['reached']}/{r['seeds']}",
+            _spread(r, "steps_to_target", ".1f"),
+            _spread(r, "time_to_target", ".1f"),
+            _spread(r, "median_step_time", ".3f"),
+            _spread(r, "step_time_vs_dgd", ".2f"),
             f"{r['final_gap']:.2e}",
+            _spread(r, "gradients_per_step", ".2f"),
             str(r["max_staleness"]),
-            str(r["late_messages"]) + (" STALLED" if r["stalled"] else ""),
+            f"{r['stale_rejected']:.0f}",
+            f"{r['late_messages']:.0f}" + (" STALLED" if r["stalled"] else ""),
         ])
     widths = [max(len(row[k]) for row in lines) for k in range(len(head))]
-    out = [f"target gap {target:g}; times in simulated seconds; FR schemes decode: {fr_decode}"]
+    seeds = rows[0]["seeds"] if rows else 0
+    out = [f"target gap {target:g}; times in simulated seconds; FR schemes decode: {fr_decode}; "
+           f"{seeds} seed(s): mean±sd over seeds (times and steps over the seeds that reached the target), "
+           f"rejected/late: mean per run{header}"]
     for row in lines:
         out.append("  ".join(cell.rjust(w) if k else cell.ljust(w) for k, (cell, w) in enumerate(zip(row, widths))))
     return "\n".join(out)
 
 
 def configs_from_args(args: argparse.Namespace) -> dict[str, SimConfig]:
-    """One validated SimConfig per scheme of --schemes (ConfigError on the first bad one)."""
+    """One validated SimConfig per scheme of --schemes for the first seed (ConfigError on the
+    first bad one); the other seeds' configurations differ only in the seed."""
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     bad = [s for s in schemes if s not in SCHEME_NAMES]
     if bad:
         raise PgcError(f"unknown scheme(s) {bad}; choose from: {', '.join(SCHEME_NAMES)}")
+    if args.seeds < 1 or args.seed + args.seeds - 1 > MAX_SEED:
+        raise ConfigError(f"--seeds must be a positive integer with --seed + --seeds - 1 <= {MAX_SEED}, "
+                          f"got {args.seeds}")
     if not (math.isfinite(args.target_gap) and args.target_gap >= 0):
         raise ConfigError(f"--target-gap must be a finite number >= 0, got {args.target_gap}")
     shared = {name: getattr(args, name) for name in CORE_FIELDS if name != "scheme"}
     return {
         name: SimConfig(**{**shared, "scheme": name, "c": args.c if name.startswith("is-gc") or name == "pbs" else None,
-                           "replication": args.replication if name == "pbs" else None},
+                           "replication": args.replication if name == "pbs" else None,
+                           "adapt": args.adapt and name == "pbs"},
                         workers=args.workers, compute_time=args.compute_time,
                         target_gap=args.target_gap if args.stop_at_target else None)
         for name in schemes
@@ -124,24 +168,27 @@ def main(argv: list[str] | None = None) -> int:
         configs = configs_from_args(args)
         from .sim import simulate  # torch: only once every configuration is known to be valid
 
-        problem = PROBLEMS[args.problem](args.workers, samples=args.samples, dim=args.dim,
-                                         batch_size=args.batch_size, seed=args.seed)
-        results: dict[str, SimResult] = {}
-        for name, cfg in configs.items():
-            began = time.perf_counter()
-            results[name] = simulate(cfg, problem)
-            print(f"simulated {name}: {len(results[name].records)} steps in "
-                  f"{time.perf_counter() - began:.2f} s", file=sys.stderr)
+        results: dict[str, list[SimResult]] = {name: [] for name in configs}
+        for seed in range(args.seed, args.seed + args.seeds):
+            problem = PROBLEMS[args.problem](args.workers, samples=args.samples, dim=args.dim,
+                                             batch_size=args.batch_size, seed=seed)
+            for name, cfg in configs.items():
+                began = time.perf_counter()
+                results[name].append(simulate(dataclasses.replace(cfg, seed=seed), problem))
+                print(f"simulated {name} (seed {seed}): {len(results[name][-1].records)} steps in "
+                      f"{time.perf_counter() - began:.2f} s", file=sys.stderr)
     except PgcError as exc:
         print(f"pgc-sim: error: {exc}", file=sys.stderr)
         return 2
-    print(format_table(summarize(results, args.target_gap), args.target_gap, args.fr_decode))
+    staleness = f"; --max-staleness {args.max_staleness}, --on-stale {args.on_stale}"
+    print(format_table(summarize(results, args.target_gap), args.target_gap, args.fr_decode, staleness))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("w") as fh:
-            for name, res in results.items():
-                for rec in res.records:
-                    fh.write(json.dumps({"scheme": name, **rec}) + "\n")
+            for name, runs in results.items():
+                for res in runs:
+                    for rec in res.records:
+                        fh.write(json.dumps({"scheme": name, "seed": res.config.seed, **rec}) + "\n")
     return 0
 
 

@@ -43,6 +43,10 @@ class PartitionTable:
         """step - version per partition (entries never filled are reported as -1)."""
         return np.where(self.versions == _EMPTY, -1, step - self.versions)
 
+    def filled_versions(self) -> list[int]:
+        """The versions of the entries that hold a gradient."""
+        return [int(v) for v in self.versions if v != _EMPTY]
+
     def mean(self, out: np.ndarray | None = None) -> np.ndarray:
         """(1/n) sum_j table[j]: the gradient estimate the master steps with."""
         return np.mean(self.grads, axis=0, out=out)

@@ -190,8 +190,8 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, re
     progress = Progress(cfg.steps, cfg.eval_every, log)
     settings = MasterSettings(steps=cfg.steps, optimizer=cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
                               deadline=cfg.deadline, on_deadline=cfg.on_deadline,
-                              max_staleness=cfg.staleness_bound(scheme),
-                              record_params=cfg.record_params)
+                              max_staleness=cfg.staleness_bound(scheme), record_params=cfg.record_params,
+                              probe_every=cfg.eval_every, adapt=cfg.adapt)
     checkpointer = Checkpointer(out / "checkpoints", _identity(cfg, scheme, problem.dim), cfg.to_dict(),
                                 keep=cfg.keep_checkpoints)
     master = Master(settings, scheme, problem, link, metrics, progress, checkpointer, resume)

@@ -83,7 +83,8 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
 
 def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: WorkerTransport,
                       delays: DelayModel, faults: list[Fault]) -> int:
-    """pbs: compute the next stored partition at the newest model, again and again."""
+    """pbs: compute the next stored partition at the model the master answered with, again and
+    again (the answer to the message that completes a step is the updated model)."""
     version = link.next_model()
     count = 0
     attempts = 0
@@ -98,12 +99,8 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
                 delay=slept).write(link.header)
         _send(link, faults, worker, version)
         count += 1
-        newer = link.next_model(block=False)
-        if link.stopped:
-            break
-        if newer is not None:
-            version, attempts = newer, 0
-        else:
-            attempts += 1
+        answer = link.next_model()
+        attempts = attempts + 1 if answer == version else 0
+        version = answer
     link.confirm_stop()
     return count

@@ -333,3 +333,34 @@ def test_pgc_sim_reports_a_bad_configuration_in_one_line(args, message, capsys):
     assert sim_main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("pgc-sim: error: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"scheme": "pgc-cr", "adapt": True}, "--adapt applies only to pbs"),
+    ({"scheme": "pgc-cr", "replication": 2}, "replication applies only to pbs"),
+    ({"scheme": "pgc-cr", "on_stale": "drop"}, "--on-stale 'drop' is not one of: refresh, reject"),
+    ({"scheme": "pgc-cr", "max_staleness": "forever"}, "--max-staleness must be window, none or a number"),
+    ({"scheme": "pgc-cr", "max_staleness": True}, "--max-staleness must be window, none or a number"),
+])
+def test_the_pipeline_options_are_checked(change, message):
+    with pytest.raises(ConfigError, match=message):
+        SimConfig(**change)
+
+
+def test_max_staleness_words_and_numbers_from_flags_and_toml(tmp_path):
+    cfg = SimConfig(scheme="pgc-cr", workers=6, stragglers=2)
+    scheme = cfg.make_scheme(6)
+    assert cfg.staleness_bound(scheme) == 2 and cfg.refresh_over(scheme) == 2
+    assert SimConfig(scheme="pgc-cr", max_staleness="none").staleness_bound(scheme) is None
+    assert SimConfig(scheme="pgc-cr", max_staleness="5", on_stale="reject").refresh_over(scheme) is None
+    assert SimConfig(scheme="gc-cr").staleness_bound(SimConfig(scheme="gc-cr").make_scheme(12)) == 0
+    toml = tmp_path / "run.toml"
+    toml.write_text('max-staleness = "none"\non-stale = "reject"\nreplication = 3\nscheme = "pbs"\nadapt = true\n')
+    assert config_from_args(["--config", str(toml)]).max_staleness == "none"
+    toml.write_text("max-staleness = 4\n")
+    assert config_from_args(["--config", str(toml)]).max_staleness == 4
+    assert config_from_args(["--max-staleness", "3"]).max_staleness == 3
+    assert config_from_args(["--max-staleness", "none"]).max_staleness == "none"
+    pbs = SimConfig(scheme="pbs", workers=6, replication=3, c=5)
+    assert pbs.scheme_shape(pbs.make_scheme(6)) == {"c": 3, "max_staleness_steps": 4, "on_stale": "refresh",
+                                                     "replication": 3, "window": 5}

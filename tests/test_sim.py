@@ -221,3 +221,35 @@ def test_pbs_never_steps_without_a_new_gradient(lsq12):
         res = simulate(SimConfig(scheme="pbs", workers=12, stragglers=1, steps=100, lr=0.1, delay=delay), lsq12)
         assert all(r["new_gradients"] >= 1 for r in res.records)
         assert all(r["new_gradients"] <= sum(m[-1] == "used" for m in r["messages"]) for r in res.records)
+
+
+def test_pbs_without_delays_computes_every_gradient_at_the_current_model(lsq12):
+    """The worker whose message completes step t restarts from w_{t+1}: with no delays every
+    message is computed at the model of the step it arrives in (before, step 1 repeated step 0's
+    model), and every step has a new gradient."""
+    res = simulate(SimConfig(scheme="pbs", workers=12, steps=20, delay="none"), lsq12)
+    for r in res.records:
+        assert r["new_gradients"] >= 1
+        assert all(m.step == r["step"] for m in map(MessageRecord._make, r["messages"]))
+
+
+def test_pbs_replication_and_window_are_separate(lsq12):
+    cfg = SimConfig(scheme="pbs", workers=12, replication=2, c=4, steps=80, delay="exp:1.0", seed=2)
+    scheme = cfg.make_scheme(12)
+    assert (scheme.c, scheme.table_window, cfg.staleness_bound(scheme)) == (2, 4, 3)
+    res = simulate(cfg, lsq12)
+    assert max(r["max_staleness"] for r in res.records) == 3  # the wider window is used, never exceeded
+    assert all(r["new_gradients"] >= 1 for r in res.records)
+    # the diagnostics: cheap ones every step, probes every step in the simulator
+    assert all({"grad_norm_sq", "displacement", "smoothness", "stale_cosine", "error_bound"} <= set(r)
+               for r in res.records)
+
+
+def test_pgc_sim_reports_mean_and_spread_over_seeds(capsys):
+    assert sim_main(["--schemes", "dgd,pgc-cr,pbs", "--steps", "20", "--samples", "240", "--seeds", "3",
+                     "--replication", "2", "--c", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 seed(s): mean±sd" in out and "--max-staleness window, --on-stale refresh" in out
+    row = next(line for line in out.splitlines() if line.startswith("pgc-cr"))
+    assert "3/3" in row and "±" in row
+    assert sim_main(["--seeds", "0"]) == 2

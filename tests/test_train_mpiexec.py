@@ -55,6 +55,10 @@ def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s, straggl
     if straggler:
         median = np.median([r["step_time"] for r in steps_of(out)])
         assert median < 0.5, median
+    if scheme.startswith("pgc-"):  # staleness stays within the window c - 1 = s by default
+        assert all(r["max_staleness"] <= s for r in steps_of(out))
+    if scheme.startswith("pgc-") and straggler:  # the straggler misses steps and catches up (--on-stale refresh)
+        assert sum(r["refreshed"] for r in steps_of(out)) > 0
     if fr_decode == "n-s":
         assert all(len(r["arrivals"]) >= n - s for r in steps_of(out))
         assert json.loads((out / "config.json").read_text())["config"]["fr_decode"] == "n-s"
@@ -98,11 +102,19 @@ def test_dgd_partial_decoding_at_the_deadline(tmp_path):
 
 
 def test_pbs_trains(tmp_path):
-    proc = run_train(5, ["--scheme", "pbs", "-s", "1", "--steps", "60", "--eval-every", "30", "--out", str(tmp_path)])
+    """Replication and window set apart, the window bounds every step's oldest entry, every step has
+    a new gradient, and the diagnostics are in every step record (probes at evaluation steps)."""
+    proc = run_train(5, ["--scheme", "pbs", "--replication", "2", "--c", "3", "--steps", "60", "--eval-every", "30",
+                         "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     evals = events_of(tmp_path, "eval")
     assert evals[-1]["train_loss"] < 0.7 * evals[0]["train_loss"] or evals[-1]["test_accuracy"] > 0.8
-    assert all(r["max_staleness"] < 2 for r in steps_of(tmp_path))
+    steps = steps_of(tmp_path)
+    assert all(r["max_staleness"] <= 2 and r["new_gradients"] >= 1 for r in steps)
+    assert all(r["grad_norm_sq"] > 0 and "displacement" in r for r in steps)
+    assert [r["step"] for r in steps if "error_bound" in r] == [29, 59]
+    shape = json.loads((tmp_path / "config.json").read_text())
+    assert (shape["c"], shape["replication"], shape["window"], shape["max_staleness_steps"]) == (2, 2, 3, 2)
 
 
 def test_target_loss_stops_early(tmp_path):
