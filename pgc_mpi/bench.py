@@ -8,7 +8,7 @@ An experiment file:
     schemes = ["dgd", "is-sgd", "gc-fr", "gc-cr", "pgc-fr", "pgc-cr", "pbs"]
     s = [1, 2]
     seeds = [0]                 # each seed is a different straggler trace, the same for every scheme
-    is_gc_c = 2                 # c of the is-gc-* schemes (the paper's choice; default s+1)
+    is_gc_c = 2                 # c of the is-gc-* schemes (the paper's choice, also the default)
     target_loss = 0.6           # steps and wall time to reach it (full training loss)
     timeout = 1800              # seconds per run (MPIEXEC_TIMEOUT)
     launcher = "mpiexec -n {ranks}"   # e.g. "srun --mpi=pmi2 -n {ranks}" inside an allocation
