@@ -219,16 +219,19 @@ class SimConfig(CoreConfig):
     """One simulated run (pgc-sim, pgc_mpi.sim.simulate), validated on construction.
 
     workers: simulated workers; compute_time: simulated seconds of one partition gradient;
-    target_gap: stop once the optimality gap F(w) - F* is at most this (None: run all steps).
+    target_gap: stop once the optimality gap F(w) - F* is at most this (None: run all steps);
+    probe_every: steps between two probes of pbs's diagnostics (pgc-train probes at --eval-every).
     """
 
     workers: int = 12
     compute_time: float = 1.0
     target_gap: float | None = None
+    probe_every: int = 20  # pbs diagnostics' probes, as pgc-train's --eval-every (default 20)
 
     def __post_init__(self) -> None:
         self.validate_core(self.workers)
         _positive("compute-time", self.compute_time)
+        _positive_int("probe-every", self.probe_every)
         if self.target_gap is not None and not (_is_number(self.target_gap) and 0 <= self.target_gap < math.inf):
             raise ConfigError(f"--target-gap must be a finite number >= 0, got {self.target_gap!r}")
 

@@ -57,7 +57,7 @@ class Run:
 def configs(args: argparse.Namespace, seed: int) -> dict[str, SimConfig]:
     """The study's configurations for one seed, by label."""
     shared = dict(workers=args.workers, steps=args.steps, lr=args.lr, delay=args.delay, seed=seed,
-                  compute_time=1.0)
+                  compute_time=1.0, probe_every=args.probe_every)
     out = {"dgd": SimConfig(scheme="dgd", stragglers=0, **shared),
            "gc-cr": SimConfig(scheme="gc-cr", stragglers=1, **shared)}
     for c in args.windows:
@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--windows", type=lambda t: [int(x) for x in t.split(",")], default=[2, 4, 8],
                    help="pbs windows C, comma-separated (default: 2,4,8)")
     p.add_argument("--adapt", action="store_true", help="pbs with --adapt (default: off)")
+    p.add_argument("--probe-every", type=int, default=20,
+                   help="steps between two diagnostics probes (default: %(default)s, as pgc-train's --eval-every)")
     p.add_argument("--delay", default=DEFAULT_DELAY, help="straggler model (default: %(default)s)")
     p.add_argument("--steps", type=int, default=600, help="steps per run (default: %(default)s)")
     p.add_argument("--lr", type=float, default=0.5, help="learning rate (default: %(default)s)")

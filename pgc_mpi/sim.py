@@ -182,7 +182,7 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
     builder.add_model(0, w)
     collector = make_collector(scheme, opt.grad, cfg.staleness_bound(scheme))
     workers = SimWorkers(scheme, cfg, builder)
-    diagnostics = (TableDiagnostics(problem, 1, cfg.staleness_bound(scheme), cfg.adapt)  # probes every step
+    diagnostics = (TableDiagnostics(problem, cfg.probe_every, cfg.staleness_bound(scheme), cfg.adapt)
                    if isinstance(scheme, PbsScheme) else None)
     nbytes = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, np.float64).nbytes
     result = SimResult(cfg, trajectory=[w.copy()] if record_params else [])

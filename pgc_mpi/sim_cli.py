@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="optimality gap F(w)-F* that counts as reached (default: %(default)s)")
     own.add_argument("--stop-at-target", action="store_true",
                      help="stop each run once the target gap is reached (default: off, run all --steps)")
+    own.add_argument("--probe-every", type=int, default=SimConfig.probe_every,
+                     help="steps between two probes of pbs's diagnostics (pgc-train: --eval-every) "
+                          f"{show_default('probe_every', SimConfig.probe_every)}")
     own.add_argument("--seeds", type=int, default=1,
                      help="run every scheme with seeds SEED, SEED+1, ... (data, partitions and delays follow "
                           "the seed; the schemes of one seed see the same delays) and report mean±sd "
@@ -155,7 +158,7 @@ def configs_from_args(args: argparse.Namespace) -> dict[str, SimConfig]:
         name: SimConfig(**{**shared, "scheme": name, "c": args.c if name.startswith("is-gc") or name == "pbs" else None,
                            "replication": args.replication if name == "pbs" else None,
                            "adapt": args.adapt and name == "pbs"},
-                        workers=args.workers, compute_time=args.compute_time,
+                        workers=args.workers, compute_time=args.compute_time, probe_every=args.probe_every,
                         target_gap=args.target_gap if args.stop_at_target else None)
         for name in schemes
     }
