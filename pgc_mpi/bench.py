@@ -17,8 +17,12 @@ An experiment file:
     model = "cnn"
     steps = 300
     delay = "exp:0.05"
+    [per_scheme.pbs]            # pgc-train options for one scheme's runs only
+    replication = 2
+    c = 4
 
-dgd does not depend on s: it runs once per seed and is the reference of the step-time ratio.
+dgd and pbs do not depend on s: they run once per seed (dgd is the reference of the step-time
+ratio).
 """
 
 from __future__ import annotations
@@ -39,9 +43,12 @@ import numpy as np
 from .config import TrainConfig, tomllib
 from .errors import ConfigError, PgcError
 from .results import RunSummary, summarize_run
+from .schemes import SCHEME_NAMES
 
 EXPERIMENT_KEYS = {"name": str, "workers": int, "schemes": list, "s": list, "seeds": list, "target_loss": float,
-                   "timeout": int, "launcher": str, "is_gc_c": int, "train": dict}
+                   "timeout": int, "launcher": str, "is_gc_c": int, "train": dict, "per_scheme": dict}
+# schemes that ignore s: one run per seed, at the smallest s of the experiment
+S_FREE = ("dgd", "pbs")
 
 
 def load_experiment(path: Path) -> dict[str, Any]:
@@ -61,21 +68,35 @@ def load_experiment(path: Path) -> dict[str, Any]:
     for key in ("workers", "schemes"):
         if key not in raw:
             raise ConfigError(f"{path}: missing required key {key!r}")
-    train = {k.replace("-", "_"): v for k, v in raw.get("train", {}).items()}
-    known = {f.name for f in fields(TrainConfig)} - {"scheme", "stragglers", "seed", "out"}
-    bad = sorted(set(train) - known)
-    if bad:
-        raise ConfigError(f"{path}: [train] has unknown or per-run options {bad}; scheme, s and seeds are set "
-                          f"at the top level")
+    train = _train_options(path, "[train]", raw.get("train", {}))
+    per_scheme = {}
+    for scheme, options in raw.get("per_scheme", {}).items():
+        if scheme not in SCHEME_NAMES:
+            raise ConfigError(f"{path}: [per_scheme.{scheme}]: unknown scheme; choose from {', '.join(SCHEME_NAMES)}")
+        if not isinstance(options, dict):
+            raise ConfigError(f"{path}: per_scheme.{scheme} must be a table of pgc-train options, got {options!r}")
+        per_scheme[scheme] = _train_options(path, f"[per_scheme.{scheme}]", options)
     return {"name": raw.get("name", Path(path).stem), "workers": raw["workers"], "schemes": raw["schemes"],
             "s": raw.get("s", [1]), "seeds": raw.get("seeds", [0]), "target_loss": raw.get("target_loss"),
             "timeout": raw.get("timeout", 1800), "launcher": raw.get("launcher", "mpiexec -n {ranks}"),
-            "is_gc_c": raw.get("is_gc_c"), "train": train}
+            "is_gc_c": raw.get("is_gc_c"), "train": train, "per_scheme": per_scheme}
+
+
+def _train_options(path: Path, table: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """A table of pgc-train options, checked against pgc-train's own (not the per-run ones)."""
+    options = {k.replace("-", "_"): v for k, v in raw.items()}
+    known = {f.name for f in fields(TrainConfig)} - {"scheme", "stragglers", "seed", "out"}
+    bad = sorted(set(options) - known)
+    if bad:
+        raise ConfigError(f"{path}: {table} has unknown or per-run options {bad}; scheme, s and seeds are set "
+                          f"at the top level")
+    return options
 
 
 def run_options(exp: dict[str, Any], scheme: str, s: int, seed: int) -> dict[str, Any]:
     """The pgc-train options of one run."""
-    options = {**exp["train"], "scheme": scheme, "stragglers": s, "seed": seed}
+    options = {**exp["train"], **exp.get("per_scheme", {}).get(scheme, {}), "scheme": scheme, "stragglers": s,
+               "seed": seed}
     if scheme.startswith("is-gc-") and exp["is_gc_c"] is not None:
         options["c"] = exp["is_gc_c"]
     return options
@@ -86,7 +107,7 @@ def plan(exp: dict[str, Any]) -> list[tuple[str, int, int, str | None]]:
     runs = []
     for seed in exp["seeds"]:
         for scheme in exp["schemes"]:
-            for s in ([min(exp["s"])] if scheme == "dgd" else exp["s"]):
+            for s in ([min(exp["s"])] if scheme in S_FREE else exp["s"]):
                 cfg = TrainConfig(**run_options(exp, scheme, s, seed))
                 try:
                     cfg.validate(exp["workers"])
@@ -130,7 +151,7 @@ def aggregate(rows: list[RunSummary]) -> list[dict[str, Any]]:
         groups.setdefault((r.scheme, r.s), []).append(r)
     out = []
     for (scheme, s), runs in groups.items():
-        row: dict[str, Any] = {"scheme": scheme, "s": "-" if scheme == "dgd" else s, "runs": len(runs)}
+        row: dict[str, Any] = {"scheme": scheme, "s": "-" if scheme in S_FREE else s, "runs": len(runs)}
         for key in ("median_step_time", "step_time_vs_dgd", "steps_to_target", "time_to_target",
                     "final_test_accuracy", "utilization", "wasted_gradients", "bytes_per_step", "max_staleness",
                     "mean_staleness"):

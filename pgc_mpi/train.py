@@ -247,7 +247,8 @@ def _report(cfg: TrainConfig, scheme, summary: dict, last_eval: dict, out: Path)
           f"{1e3 * (summary['median_step_time'] or 0):.1f} ms\n"
           f"  {scores}\n"
           f"  stragglers skipped {summary['stragglers_skipped']} worker-steps, late messages "
-          f"{summary['late_messages']}, deadline misses {summary['deadline_missed']}\n  outputs: {out}", flush=True)
+          f"{summary['late_messages']}, over-stale messages rejected {summary['rejected_stale']}, "
+          f"deadline misses {summary['deadline_missed']}\n  outputs: {out}", flush=True)
 
 
 def _read_steps(path: Path) -> list[dict]:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from pgc_mpi.bench import load_experiment, plan
+from pgc_mpi.bench import load_experiment, plan, run_options
 from pgc_mpi.bench import main as bench
 from pgc_mpi.errors import ConfigError
 from pgc_mpi.message import MessageRecord
@@ -74,3 +74,24 @@ def test_bad_experiment_files(tmp_path):
     assert reasons[("dgd", 1)] is None and reasons[("gc-fr", 1)] is None
     assert "divisible" in reasons[("gc-fr", 2)] and "unknown scheme" in reasons[("nope", 1)]
     assert bench([str(tmp_path / "missing.toml")]) == 2
+
+
+def test_per_scheme_options_apply_to_that_scheme_only(tmp_path):
+    f = tmp_path / "e.toml"
+    f.write_text('workers = 4\nschemes = ["dgd", "pgc-cr", "pbs", "is-gc-cr"]\ns = [1, 2]\n'
+                 '[train]\nmax-staleness = "none"\n[per_scheme.pbs]\nreplication = 2\nc = 4\nadapt = true\n')
+    exp = load_experiment(f)
+    assert run_options(exp, "pbs", 1, 0) == {"max_staleness": "none", "replication": 2, "c": 4, "adapt": True,
+                                             "scheme": "pbs", "stragglers": 1, "seed": 0}
+    assert run_options(exp, "pgc-cr", 2, 0) == {"max_staleness": "none", "scheme": "pgc-cr", "stragglers": 2,
+                                                "seed": 0}
+    runs = {(r[0], r[1]): r[3] for r in plan(exp)}
+    # dgd and pbs ignore s: one run per seed; every run is valid (is-gc-cr's c defaults to 2)
+    assert sorted(runs) == [("dgd", 1), ("is-gc-cr", 1), ("is-gc-cr", 2), ("pbs", 1), ("pgc-cr", 1), ("pgc-cr", 2)]
+    assert all(reason is None for reason in runs.values())
+    f.write_text('workers = 4\nschemes = ["pbs"]\n[per_scheme.pbz]\nc = 4\n')
+    with pytest.raises(ConfigError, match=r"\[per_scheme.pbz\]: unknown scheme"):
+        load_experiment(f)
+    f.write_text('workers = 4\nschemes = ["pbs"]\n[per_scheme.pbs]\nseed = 4\n')
+    with pytest.raises(ConfigError, match=r"\[per_scheme.pbs\] has unknown or per-run options \['seed'\]"):
+        load_experiment(f)

@@ -201,6 +201,9 @@ def test_simulator_and_master_share_the_step_record_layout(lsq12):
               "rejected", "deadline_missed", "partial", "residual", "max_staleness", "messages", "train_loss"}
     assert shared <= set(coded.records[0]) and shared <= set(table.records[0])
     assert "versions" in coded.records[0] and "ages" in table.records[0]
+    assert {"stale_rejected"} <= set(coded.records[0]) & set(table.records[0])
+    assert "refreshed" in coded.records[0]
+    assert {"new_gradients", "grad_norm_sq", "displacement", "displaced_entries"} <= set(table.records[0])
     m = MessageRecord._make(coded.records[0]["messages"][0])
     assert m.verdict in ("used", "accepted") and m.compute_time == 1.0
 
