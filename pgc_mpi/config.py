@@ -178,6 +178,7 @@ class TrainConfig(CoreConfig):
     resume: str | None = None
     record_params: bool = False
     verify_data: bool = True
+    compute_time: float | None = None
 
     def validate(self, workers: int) -> None:
         """Check every field and the fit of the scheme to `workers` (world size - 1)."""
@@ -202,6 +203,8 @@ class TrainConfig(CoreConfig):
         if self.checkpoint_every is not None:
             _positive_int("checkpoint-every", self.checkpoint_every)
         _positive_int("keep-checkpoints", self.keep_checkpoints)
+        if self.compute_time is not None:
+            _positive("compute-time", self.compute_time)
         if self.resume == "latest" and self.out is None:
             raise ConfigError("--resume latest needs --out DIR (the run directory whose checkpoints to use)")
         parse_faults(self.fault, workers)
@@ -323,6 +326,8 @@ _HELP = {
     "keep_checkpoints": "how many checkpoints to keep",
     "resume": "continue from a checkpoint: a file, or 'latest' in --out's checkpoints",
     "record_params": "also write params.npy with the parameters after every step (small models only)",
+    "compute_time": "emulate a cluster's compute: every partition gradient takes at least this many seconds (the "
+                    "real gradient is computed and the rest slept), so ranks sharing cores behave like nodes",
     "verify_data": "check the data file's sha256 checksum when opening it (--no-verify-data skips it; labels "
                    "and values are always checked)",
 }
@@ -336,6 +341,7 @@ _NONE_DEFAULT = {
     "out": "runs/<scheme>-<time>",
     "checkpoint_every": "none, only when stopped by a signal or asked for",
     "resume": "none, start afresh",
+    "compute_time": "none, as long as it takes",
 }
 
 

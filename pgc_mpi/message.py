@@ -21,7 +21,9 @@ GRADIENT_FIELDS: tuple[tuple[str, type], ...] = (
     ("worker", np.int64),  # worker id (MPI rank - 1)
     ("partition", np.int64),  # pbs: the partition of the gradient; -1 for coded messages
     ("loss", np.float64),  # mean minibatch loss of the fresh gradient(s)
-    ("compute_time", np.float64),  # seconds spent computing gradients for this message
+    ("compute_time", np.float64),  # seconds spent computing gradients for this message (emulated: at least
+    #                                 --compute-time per gradient)
+    ("real_compute_time", np.float64),  # of which the gradient computations themselves (the rest is sleep)
     ("delay", np.float64),  # injected straggler delay in seconds
     ("gradients", np.int64),  # partition gradients computed for this message
 )
@@ -68,6 +70,7 @@ class Message:
     compute_time: float = 0.0
     delay: float = 0.0
     gradients: int = 1
+    real_compute_time: float = math.nan  # nan where nothing real was computed (the simulator)
 
     def write(self, header: np.ndarray) -> None:
         """Fill a header view (from Layout.split) with this message's fields."""
@@ -83,22 +86,39 @@ class Message:
 
     def record(self, verdict: str) -> MessageRecord:
         """What the metrics keep of this message, with the master's verdict on it."""
-        return MessageRecord(self.worker, self.step, self.delay, self.compute_time, self.gradients, verdict)
+        return MessageRecord(self.worker, self.step, self.delay, self.compute_time, self.gradients, verdict,
+                             self.real_compute_time)
 
 
-class MessageRecord(NamedTuple):
-    """One received message in a step record's `messages` list (stored as a JSON list in this order).
-
-    verdict: `used` (entered the update), `accepted` (arrived in time, not needed), `late` (for
-    an earlier step), `stale` (over --max-staleness; for pbs: older than the table's entry),
-    `rejected` (malformed or non-finite: step, delay and compute time are then unknown)."""
-
+class _RecordFields(NamedTuple):
     worker: int
     step: int
     delay: float
     compute_time: float
     gradients: int
     verdict: str
+    real_compute_time: float = math.nan
+
+
+class MessageRecord(_RecordFields):
+    """One received message in a step record's `messages` list (stored as a JSON list in this order).
+
+    verdict: `used` (entered the update), `accepted` (arrived in time, not needed), `late` (for
+    an earlier step), `stale` (over --max-staleness; for pbs: older than the table's entry),
+    `rejected` (malformed or non-finite: step, delay and compute time are then unknown).
+    compute_time is the time the worker spent on the message's gradients, at least
+    --compute-time per gradient when a cluster's compute is emulated; real_compute_time is the
+    part spent computing (nan in the simulator and in records written before it existed)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def _make(cls, iterable) -> MessageRecord:  # type: ignore[override]
+        """A record from its JSON list; lists written before real_compute_time existed get nan."""
+        values = list(iterable)
+        if len(values) == len(cls._fields) - 1:
+            values.append(math.nan)
+        return tuple.__new__(cls, values) if len(values) == len(cls._fields) else super()._make(values)
 
     @classmethod
     def rejected(cls, worker: int) -> MessageRecord:

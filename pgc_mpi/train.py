@@ -22,7 +22,7 @@ from .message import Layout, buffers_per_message, gradient_header
 from .metrics import MetricsWriter, Progress, setup_logging, write_json
 from .stragglers import DelayModel
 from .transport import MasterTransport, WorkerTransport, abort, duplicate_world
-from .worker import run_worker
+from .worker import WorkerSettings, run_worker
 
 # Exit status of a run that stopped because training produced NaN or Inf (see Master._update).
 EXIT_DIVERGED = 4
@@ -169,8 +169,8 @@ def _train(cfg: TrainConfig, state, comm, log) -> int:
     layout = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, np.dtype(cfg.dtype))
     delays = DelayModel(cfg.delay, n, seed=cfg.seed)
     if rank > 0:
-        run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval), delays,
-                   parse_faults(cfg.fault, n), refresh_over=cfg.refresh_over(scheme))
+        settings = WorkerSettings(tuple(parse_faults(cfg.fault, n)), cfg.refresh_over(scheme), cfg.compute_time)
+        run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval), delays, settings)
         return 0
     return _run_master(cfg, comm, log, scheme, problem, layout, resume)
 

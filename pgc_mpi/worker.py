@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,20 +19,47 @@ from .transport import WorkerTransport
 
 log = logging.getLogger("pgc_mpi")
 
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What a worker does besides computing: injected faults, the catch-up of over-stale buffers
+    (`refresh_over`: the staleness over which a pipelined worker recomputes a buffer before it
+    sends, --on-stale refresh; None: never) and emulated compute (`compute_time`: every
+    partition gradient takes at least this many seconds, --compute-time; None: as long as it takes)."""
+
+    faults: tuple[Fault, ...] = ()
+    refresh_over: int | None = None
+    compute_time: float | None = None
+
+
+def _sleep_until(until: float, link: WorkerTransport) -> None:
+    """Sleep until time.perf_counter() == until, or until the master asks to stop (whatever the
+    worker was waiting for would be discarded anyway)."""
+    while time.perf_counter() < until and not link.stop_requested():
+        time.sleep(min(0.01, max(0.0, until - time.perf_counter())))
+
+
 def _injected_delay(seconds: float, link: WorkerTransport) -> float:
     """Sleep like a slow node. A hang never wakes (as a real one would not); a finite delay
-    ends early if the master asks to stop, since its result would be discarded anyway."""
+    ends early if the master asks to stop."""
     if seconds == math.inf:
         log.warning("injected hang: this worker stops responding now")
         while True:
             time.sleep(3600)
-    until = time.monotonic() + seconds
-    while time.monotonic() < until and not link.stop_requested():
-        time.sleep(min(0.01, max(0.0, until - time.monotonic())))
+    _sleep_until(time.perf_counter() + seconds, link)
     return seconds
 
 
-def _send(link: WorkerTransport, faults: list[Fault], worker: int, step: int) -> None:
+def _computed(began: float, gradients: int, settings: WorkerSettings, link: WorkerTransport) -> tuple[float, float]:
+    """(compute time, real compute time) of `gradients` gradients computed since `began`: with
+    --compute-time the worker first sleeps out the rest of gradients x compute_time, so ranks
+    sharing cores behave like nodes with a fixed compute cost per partition gradient."""
+    real = time.perf_counter() - began
+    if settings.compute_time is not None:
+        _sleep_until(began + gradients * settings.compute_time, link)
+    return time.perf_counter() - began, real
+
+
+def _send(link: WorkerTransport, faults: tuple[Fault, ...], worker: int, step: int) -> None:
     """Send the message in the link's buffers, spoiled first if a fault is injected here."""
     kind = active(faults, worker, step)
     if kind == "die":
@@ -43,14 +71,11 @@ def _send(link: WorkerTransport, faults: list[Fault], worker: int, step: int) ->
 
 
 def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, link: WorkerTransport,
-               delays: DelayModel, faults: list[Fault] | None = None, refresh_over: int | None = None) -> int:
-    """Serve the master until it says stop; returns how many gradients were computed.
-
-    A pipelined worker that finds buffers older than `refresh_over` steps (it missed steps)
-    recomputes them at the current model before it sends (--on-stale refresh; None: never)."""
-    faults = faults or []
+               delays: DelayModel, settings: WorkerSettings | None = None) -> int:
+    """Serve the master until it says stop; returns how many gradients were computed."""
+    settings = settings or WorkerSettings()
     if isinstance(scheme, PbsScheme):
-        return _run_table_worker(worker, scheme, problem, link, delays, faults)
+        return _run_table_worker(worker, scheme, problem, link, delays, settings)
     parts = scheme.placement[worker]
     coef = scheme.coefficients(worker).astype(link.payload.dtype)
     buffers = np.zeros((scheme.c, problem.dim), dtype=link.payload.dtype)
@@ -58,31 +83,33 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
     computed = 0
     if step is not None:  # the first model: step 0, or the step a resumed run starts at
         versions = scheme.warmup_versions(step)
+        began = time.perf_counter()
         for k in scheme.warmup_slots(worker, step):  # the pipeline's stale buffers, at this model
             buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(versions[k], k))[1]
             computed += 1
+        _computed(began, computed, settings, link)
     while step is not None:
         losses = []
         began = time.perf_counter()
-        catch_up = scheme.refresh_slots(worker, step, versions, refresh_over, first)
+        catch_up = scheme.refresh_slots(worker, step, versions, settings.refresh_over, first)
         for k in (*catch_up, *scheme.fresh_slots(step, worker)):
             loss, buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(step, k))
             versions[k] = step
             losses.append(loss)
         np.dot(coef, buffers, out=link.payload)
-        took = time.perf_counter() - began
+        took, real = _computed(began, len(losses), settings, link)
         computed += len(losses)
         slept = _injected_delay(delays.delay(worker, step), link)
         Message(step, worker, tuple(versions), loss=float(np.mean(losses)), compute_time=took, delay=slept,
-                gradients=len(losses)).write(link.header)
-        _send(link, faults, worker, step)
+                gradients=len(losses), real_compute_time=real).write(link.header)
+        _send(link, settings.faults, worker, step)
         step = link.next_model()
     link.confirm_stop()
     return computed
 
 
 def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: WorkerTransport,
-                      delays: DelayModel, faults: list[Fault]) -> int:
+                      delays: DelayModel, settings: WorkerSettings) -> int:
     """pbs: compute the next stored partition at the model the master answered with, again and
     again (the answer to the message that completes a step is the updated model)."""
     version = link.next_model()
@@ -93,11 +120,11 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
         part = scheme.placement[worker][slot]
         began = time.perf_counter()
         loss, link.payload[:] = problem.loss_and_grad(link.model, part, scheme.draw_index(count, slot))
-        took = time.perf_counter() - began
+        took, real = _computed(began, 1, settings, link)
         slept = _injected_delay(delays.delay(worker, version, attempts), link)
         Message(version, worker, (version,), partition=part, loss=loss, compute_time=took,
-                delay=slept).write(link.header)
-        _send(link, faults, worker, version)
+                delay=slept, real_compute_time=real).write(link.header)
+        _send(link, settings.faults, worker, version)
         count += 1
         answer = link.next_model()
         attempts = attempts + 1 if answer == version else 0
