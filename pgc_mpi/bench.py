@@ -7,7 +7,8 @@ An experiment file:
     workers = 6
     schemes = ["dgd", "is-sgd", "gc-fr", "gc-cr", "pgc-fr", "pgc-cr", "pbs"]
     s = [1, 2]
-    seeds = [0]                 # each seed is a different straggler trace, the same for every scheme
+    seeds = [0, 1, 2, 3, 4]     # each seed is a different straggler trace, the same for every scheme
+    delays = ["exp:0.02", "none"]   # optional axis: delay models (default: [train]'s delay)
     is_gc_c = 2                 # c of the is-gc-* schemes (the paper's choice, also the default)
     target_loss = 0.6           # steps and wall time to reach it (full training loss)
     timeout = 1800              # seconds per run (MPIEXEC_TIMEOUT)
@@ -21,14 +22,19 @@ An experiment file:
     replication = 2
     c = 4
 
-dgd and pbs do not depend on s: they run once per seed (dgd is the reference of the step-time
-ratio).
+dgd and pbs do not depend on s: they run once per seed and delay model (dgd is the reference of
+the ratios, paired by seed and delay model). Runs already finished with the same options are
+reused, so an interrupted sweep resumes where it stopped. results.md gives, per delay model,
+scheme and s, means over the seeds with 95% confidence intervals (Student t), the ratios to dgd
+computed seed by seed, and which scheme reaches the target first and whether its lead over the
+runner-up is outside the noise.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import os
 import shlex
 import subprocess
@@ -36,17 +42,18 @@ import sys
 import time
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import numpy as np
-
+from .choices import BUILTIN_DATASETS
 from .config import TrainConfig, tomllib
 from .errors import ConfigError, PgcError
 from .results import RunSummary, summarize_run
 from .schemes import SCHEME_NAMES
+from .stats import Interval, interval
 
 EXPERIMENT_KEYS = {"name": str, "workers": int, "schemes": list, "s": list, "seeds": list, "target_loss": float,
-                   "timeout": int, "launcher": str, "is_gc_c": int, "train": dict, "per_scheme": dict}
+                   "timeout": int, "launcher": str, "is_gc_c": int, "train": dict, "per_scheme": dict,
+                   "delays": list}
 # schemes that ignore s: one run per seed, at the smallest s of the experiment
 S_FREE = ("dgd", "pbs")
 
@@ -76,7 +83,11 @@ def load_experiment(path: Path) -> dict[str, Any]:
         if not isinstance(options, dict):
             raise ConfigError(f"{path}: per_scheme.{scheme} must be a table of pgc-train options, got {options!r}")
         per_scheme[scheme] = _train_options(path, f"[per_scheme.{scheme}]", options)
+    delays = raw.get("delays")
+    if delays is not None and (not delays or not all(isinstance(d, str) for d in delays)):
+        raise ConfigError(f"{path}: 'delays' must be a non-empty list of delay models (strings), got {delays!r}")
     return {"name": raw.get("name", Path(path).stem), "workers": raw["workers"], "schemes": raw["schemes"],
+            "delays": delays or [train.get("delay", "none")], "delay_axis": delays is not None,
             "s": raw.get("s", [1]), "seeds": raw.get("seeds", [0]), "target_loss": raw.get("target_loss"),
             "timeout": raw.get("timeout", 1800), "launcher": raw.get("launcher", "mpiexec -n {ranks}"),
             "is_gc_c": raw.get("is_gc_c"), "train": train, "per_scheme": per_scheme}
@@ -93,29 +104,52 @@ def _train_options(path: Path, table: str, raw: dict[str, Any]) -> dict[str, Any
     return options
 
 
-def run_options(exp: dict[str, Any], scheme: str, s: int, seed: int) -> dict[str, Any]:
+class RunKey(NamedTuple):
+    """One run of an experiment: scheme, s, delay model (an index into the experiment's delays), seed."""
+
+    scheme: str
+    s: int
+    delay: int
+    seed: int
+
+    def describe(self, exp: dict[str, Any]) -> str:
+        delay = f" delay={exp['delays'][self.delay]}" if exp["delay_axis"] else ""
+        return f"{self.scheme} s={self.s}{delay} seed={self.seed}"
+
+
+def run_options(exp: dict[str, Any], key: RunKey) -> dict[str, Any]:
     """The pgc-train options of one run."""
-    options = {**exp["train"], **exp.get("per_scheme", {}).get(scheme, {}), "scheme": scheme, "stragglers": s,
-               "seed": seed}
-    if scheme.startswith("is-gc-") and exp["is_gc_c"] is not None:
+    options = {**exp["train"], **exp.get("per_scheme", {}).get(key.scheme, {}), "scheme": key.scheme,
+               "stragglers": key.s, "seed": key.seed, "delay": exp["delays"][key.delay]}
+    if key.scheme.startswith("is-gc-") and exp["is_gc_c"] is not None:
         options["c"] = exp["is_gc_c"]
     return options
 
 
-def plan(exp: dict[str, Any]) -> list[tuple[str, int, int, str | None]]:
-    """(scheme, s, seed, reason it cannot run or None) for every run of the experiment."""
+def plan(exp: dict[str, Any]) -> list[tuple[RunKey, str | None]]:
+    """(run, reason it cannot run or None) for every run of the experiment."""
     runs = []
-    for seed in exp["seeds"]:
-        for scheme in exp["schemes"]:
-            for s in ([min(exp["s"])] if scheme in S_FREE else exp["s"]):
-                cfg = TrainConfig(**run_options(exp, scheme, s, seed))
-                try:
-                    cfg.validate(exp["workers"])
-                    reason = None
-                except ConfigError as exc:
-                    reason = str(exc)
-                runs.append((scheme, s, seed, reason))
+    for delay in range(len(exp["delays"])):
+        for seed in exp["seeds"]:
+            for scheme in exp["schemes"]:
+                for s in ([min(exp["s"])] if scheme in S_FREE else exp["s"]):
+                    key = RunKey(scheme, s, delay, seed)
+                    try:
+                        TrainConfig(**run_options(exp, key)).validate(exp["workers"])
+                        reason = None
+                    except ConfigError as exc:
+                        reason = str(exc)
+                    runs.append((key, reason))
     return runs
+
+
+def check_data(exp: dict[str, Any]) -> None:
+    """ConfigError unless every data file the runs name exists (before hours of runs start)."""
+    named = {exp["train"].get("dataset")} | {o.get("dataset") for o in exp.get("per_scheme", {}).values()}
+    for dataset in sorted(d for d in named if d is not None and d not in BUILTIN_DATASETS):
+        if not Path(dataset).is_file():
+            raise ConfigError(f"data file {dataset} does not exist: make it first (python -m data_prep --help) "
+                              f"or fix 'dataset' in the experiment file")
 
 
 def _toml_value(v: Any) -> str:
@@ -126,11 +160,15 @@ def _toml_value(v: Any) -> str:
     return repr(v)
 
 
-def run_one(exp: dict[str, Any], scheme: str, s: int, seed: int, out: Path) -> tuple[int, float]:
+def run_toml(exp: dict[str, Any], key: RunKey) -> str:
+    """The TOML file a run's pgc-train reads (also how a finished run is recognized for reuse)."""
+    return "".join(f"{k} = {_toml_value(v)}\n" for k, v in run_options(exp, key).items() if v is not None)
+
+
+def run_one(exp: dict[str, Any], key: RunKey, out: Path) -> tuple[int, float]:
     """Launch one pgc-train job; returns (exit code, seconds)."""
     out.mkdir(parents=True, exist_ok=True)
-    options = run_options(exp, scheme, s, seed)
-    (out / "run.toml").write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in options.items() if v is not None))
+    (out / "run.toml").write_text(run_toml(exp, key))
     ranks = exp["workers"] + 1
     launcher = shlex.split(exp["launcher"].format(ranks=ranks))
     local = Path(sys.executable).parent / launcher[0]
@@ -144,72 +182,126 @@ def run_one(exp: dict[str, Any], scheme: str, s: int, seed: int, out: Path) -> t
     return rc, time.monotonic() - began
 
 
+SUMMARY_KEYS = ("time_to_target", "steps_to_target", "median_step_time", "step_time_vs_dgd", "time_vs_dgd",
+                "final_test_accuracy", "utilization", "wasted_gradients", "bytes_per_step", "max_staleness")
+
+
 def aggregate(rows: list[RunSummary]) -> list[dict[str, Any]]:
-    """Median over seeds of every figure, per (scheme, s)."""
-    groups: dict[tuple[str, int], list[RunSummary]] = {}
+    """Per (delay model, scheme, s): the mean and 95% interval over seeds of every figure; the
+    ratios to dgd are taken seed by seed against dgd's run with the same seed and delay model."""
+    dgd = {(r.delay, r.seed): r for r in rows if r.scheme == "dgd"}
+    groups: dict[tuple[str, str, int], list[RunSummary]] = {}
     for r in rows:
-        groups.setdefault((r.scheme, r.s), []).append(r)
+        groups.setdefault((r.delay, r.scheme, r.s), []).append(r)
     out = []
-    for (scheme, s), runs in groups.items():
-        row: dict[str, Any] = {"scheme": scheme, "s": "-" if scheme in S_FREE else s, "runs": len(runs)}
-        for key in ("median_step_time", "step_time_vs_dgd", "steps_to_target", "time_to_target",
-                    "final_test_accuracy", "utilization", "wasted_gradients", "bytes_per_step", "max_staleness",
-                    "mean_staleness"):
-            values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
-            row[key] = float(np.median(values)) if len(values) == len(runs) else None  # None: some never reached
+    for (delay, scheme, s), runs in groups.items():
+        row: dict[str, Any] = {"delay": delay, "scheme": scheme, "s": "-" if scheme in S_FREE else s,
+                               "runs": len(runs), "reached": sum(r.time_to_target is not None for r in runs),
+                               "seeds": [r.seed for r in runs]}
+        for key in SUMMARY_KEYS:
+            row[key] = interval([_figure(r, key, dgd.get((r.delay, r.seed))) for r in runs])
         out.append(row)
     return out
 
 
+def _figure(r: RunSummary, key: str, dgd: RunSummary | None) -> float:
+    """One run's value of a summary figure (nan when it has none, e.g. the target never reached)."""
+    if key == "time_vs_dgd":
+        ok = dgd is not None and r.time_to_target is not None and dgd.time_to_target
+        return r.time_to_target / dgd.time_to_target if ok else math.nan
+    value = getattr(r, key)
+    return math.nan if value is None else float(value)
+
+
+def winners(rows: list[dict[str, Any]], summaries: list[RunSummary]) -> list[str]:
+    """Per delay model and s: the scheme with the shortest mean time to target (among those that
+    reached it on every seed), and whether its lead over the runner-up is outside the noise
+    (the 95% interval of their per-seed differences excludes 0)."""
+    by_run = {(r.delay, r.scheme, r.seed, "-" if r.scheme in S_FREE else r.s): r for r in summaries}
+    lines = []
+    for delay in dict.fromkeys(r["delay"] for r in rows):
+        for s in sorted({r["s"] for r in rows if r["delay"] == delay and r["s"] != "-"}) or ["-"]:
+            field = [r for r in rows if r["delay"] == delay and r["s"] in (s, "-") and r["reached"] == r["runs"]
+                     and not math.isnan(r["time_to_target"].mean)]
+            field.sort(key=lambda r: r["time_to_target"].mean)
+            if not field:
+                lines.append(f"| {delay} | {s} | no scheme reached the target on every seed | | |")
+                continue
+            first = field[0]
+            if len(field) == 1:
+                lines.append(f"| {delay} | {s} | {first['scheme']} | (alone) | |")
+                continue
+            second = field[1]
+            diffs = [_time(by_run, delay, second, seed) - _time(by_run, delay, first, seed) for seed in first["seeds"]]
+            lead = interval(diffs)
+            verdict = "yes" if lead.excludes(0.0) else "no (within noise)"
+            lines.append(f"| {delay} | {s} | {first['scheme']} | {second['scheme']} (+{lead}) | {verdict} |")
+    return ["| delay | s | fastest to target | runner-up (time behind, 95% CI) | lead outside noise |",
+            "|---|---|---|---|---|", *lines]
+
+
+def _time(by_run: dict, delay: str, row: dict[str, Any], seed: int) -> float:
+    """The time to target of one seed's run of an aggregated row (nan if missing or never reached)."""
+    r = by_run.get((delay, row["scheme"], seed, row["s"]))
+    return r.time_to_target if r is not None and r.time_to_target is not None else math.nan
+
+
 def markdown_table(rows: list[dict[str, Any]], has_target: bool = True) -> str:
-    """The aggregated results as a Markdown table."""
-    head = ["scheme", "s", "median step (s)", "vs dgd", "steps to target", "time to target (s)",
-            "final test acc", "utilization", "wasted grads", "MB recv/step", "max stale", "mean stale"]
-    keys = ["scheme", "s", "median_step_time", "step_time_vs_dgd", "steps_to_target", "time_to_target",
-            "final_test_accuracy", "utilization", "wasted_gradients", "bytes_per_step", "max_staleness",
-            "mean_staleness"]
+    """The aggregated results as Markdown: one table per delay model, mean [95% CI] over seeds."""
+    head = ["scheme", "s", "seeds", "reached", "time to target (s)", "steps to target", "median step (s)",
+            "step vs dgd", "time vs dgd", "final test acc", "utilization", "wasted grads", "MB recv/step",
+            "max stale"]
+    keys = ["time_to_target", "steps_to_target", "median_step_time", "step_time_vs_dgd", "time_vs_dgd",
+            "final_test_accuracy", "utilization", "wasted_gradients", "bytes_per_step", "max_staleness"]
+    out = []
+    for delay in dict.fromkeys(r["delay"] for r in rows):
+        out += [f"### delay {delay}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in (r for r in rows if r["delay"] == delay):
+            cells = [r["scheme"], str(r["s"]), str(r["runs"]), f"{r['reached']}/{r['runs']}" if has_target else "-"]
+            for key in keys:
+                value = r[key]
+                if key == "bytes_per_step":
+                    value = Interval(*(v / 1e6 for v in (value.mean, value.low, value.high)), value.k)
+                cells.append(str(value))
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
 
-    def cell(key: str, v: Any) -> str:
-        if v is None:
-            return "not reached" if has_target and key in ("steps_to_target", "time_to_target") else "-"
-        if key == "bytes_per_step":
-            return f"{v / 1e6:.2f}"
-        if key in ("steps_to_target", "wasted_gradients", "max_staleness"):
-            return f"{v:.0f}"
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
 
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cell(k, r.get(k)) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def run_dir_of(out: Path, scheme: str, s: int, seed: int) -> Path:
+def run_dir_of(out: Path, exp: dict[str, Any], key: RunKey) -> Path:
     """Where one run's outputs go."""
-    return out / f"{scheme}-s{s}-seed{seed}"
+    delay = f"-d{key.delay}" if exp["delay_axis"] else ""
+    return out / f"{key.scheme}-s{key.s}{delay}-seed{key.seed}"
 
 
-def gather(exp: dict[str, Any], out: Path, todo: list[tuple[str, int, int]]) -> int:
+def gather(exp: dict[str, Any], out: Path, todo: list[RunKey]) -> int:
     """Summarize the finished runs under `out` into results.csv, results.md and figures."""
-    finished = {key: run_dir_of(out, *key) for key in todo if _completed(run_dir_of(out, *key))}
+    finished = {key: run_dir_of(out, exp, key) for key in todo if _completed(run_dir_of(out, exp, key))}
     missing = [key for key in todo if key not in finished]
-    for scheme, s, seed in missing:
-        print(f"no completed run for {scheme} s={s} seed={seed} in {out}", file=sys.stderr)
+    for key in missing:
+        print(f"no completed run for {key.describe(exp)} in {out}", file=sys.stderr)
     if not finished:
         return 1
-    dgd = {seed: summarize_run(d, None).median_step_time for (scheme, _, seed), d in finished.items()
-           if scheme == "dgd"}
-    rows = [summarize_run(d, exp["target_loss"], dgd.get(seed)) for (_, _, seed), d in finished.items()]
+    dgd = {(key.delay, key.seed): summarize_run(d, None).median_step_time for key, d in finished.items()
+           if key.scheme == "dgd"}
+    rows = [summarize_run(d, exp["target_loss"], dgd.get((key.delay, key.seed))) for key, d in finished.items()]
     with (out / "results.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0].as_row()))
         writer.writeheader()
         writer.writerows(r.as_row() for r in rows)
     target = exp["target_loss"]
-    table = markdown_table(aggregate(rows), has_target=target is not None)
-    (out / "results.md").write_text(
-        f"# {exp['name']}\n\n{exp['workers']} workers; target loss {target if target is not None else '-'}; "
-        f"median over seeds {exp['seeds']}; FR schemes decode: {exp['train'].get('fr_decode', 'covered')}; "
-        f"options {exp['train']}\n\n{table}\n")
-    print(table)
+    aggregated = aggregate(rows)
+    table = markdown_table(aggregated, has_target=target is not None)
+    train = exp["train"]
+    decisions = (f"FR schemes decode: {train.get('fr_decode', 'covered')}; staleness bound: "
+                 f"{train.get('max_staleness', 'window')} (--on-stale {train.get('on_stale', 'refresh')})")
+    text = (f"# {exp['name']}\n\n{exp['workers']} workers; target loss {target if target is not None else '-'}; "
+            f"mean [95% confidence interval] over seeds {exp['seeds']}; ratios to dgd paired by seed and delay "
+            f"model; {decisions}; options {exp['train']}\n\n{table}\n")
+    if target is not None:
+        text += "\n## Who reaches the target first\n\n" + "\n".join(winners(aggregated, rows)) + "\n"
+    (out / "results.md").write_text(text)
+    print(text)
     from .plot import draw
 
     for f in draw(list(finished.values()), out):
@@ -247,16 +339,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pgc-bench: error: {exc}", file=sys.stderr)
         return 2
     out = args.out or Path("bench") / exp["name"].replace(" ", "-")
-    for scheme, s, seed, reason in runs:
+    for key, reason in runs:
         if reason and not args.count:
-            print(f"skipping {scheme} s={s} seed={seed}: {reason}", file=sys.stderr)
-    todo = [(scheme, s, seed) for scheme, s, seed, reason in runs if reason is None]
+            print(f"skipping {key.describe(exp)}: {reason}", file=sys.stderr)
+    todo = [key for key, reason in runs if reason is None]
     if args.count:
         print(len(todo))
         return 0
     if args.dry_run:
-        for k, (scheme, s, seed) in enumerate(todo):
-            print(f"{k}: {scheme} s={s} seed={seed}")
+        for k, key in enumerate(todo):
+            print(f"{k}: {key.describe(exp)}")
         return 0
     if args.gather:
         return gather(exp, out, todo)
@@ -264,16 +356,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pgc-bench: error: --run-index {args.run_index} is outside 0..{len(todo) - 1}", file=sys.stderr)
         return 2
     chosen = [todo[args.run_index]] if args.run_index is not None else todo
+    try:
+        check_data(exp)
+        reusable = _reusable(exp, out, chosen)
+    except PgcError as exc:
+        print(f"pgc-bench: error: {exc}", file=sys.stderr)
+        return 2
     failed = 0
-    for k, (scheme, s, seed) in enumerate(chosen, start=1):
-        run_dir = run_dir_of(out, scheme, s, seed)
-        print(f"[{k}/{len(chosen)}] {scheme} s={s} seed={seed} ...", end=" ", flush=True)
-        rc, took = run_one(exp, scheme, s, seed, run_dir)
+    for k, key in enumerate(chosen, start=1):
+        run_dir = run_dir_of(out, exp, key)
+        print(f"[{k}/{len(chosen)}] {key.describe(exp)} ...", end=" ", flush=True)
+        if key in reusable:
+            print("finished before, reused", flush=True)
+            continue
+        rc, took = run_one(exp, key, run_dir)
         failed += rc != 0
         print(f"done in {took:.0f} s" if rc == 0 else f"FAILED (exit {rc}; see {run_dir / 'log.txt'})", flush=True)
     if args.run_index is not None:
         return 1 if failed else 0
     return 1 if gather(exp, out, todo) or failed else 0
+
+
+def _reusable(exp: dict[str, Any], out: Path, keys: list[RunKey]) -> set[RunKey]:
+    """The runs already finished in `out` with the same options; a finished run with other options
+    is an error (the experiment file changed: use another --out, or remove that run)."""
+    done = set()
+    for key in keys:
+        run_dir = run_dir_of(out, exp, key)
+        if not _completed(run_dir):
+            continue
+        toml = run_dir / "run.toml"
+        if not toml.is_file() or toml.read_text() != run_toml(exp, key):
+            raise ConfigError(f"{run_dir} holds a finished run with other options than the experiment file gives "
+                              f"{key.describe(exp)}: use another --out, or remove {run_dir} to rerun it")
+        done.add(key)
+    return done
 
 
 if __name__ == "__main__":

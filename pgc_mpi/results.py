@@ -19,6 +19,7 @@ class RunSummary:
     run: str
     scheme: str
     s: int
+    delay: str
     seed: int
     steps: int
     median_step_time: float
@@ -73,7 +74,8 @@ def summarize_run(run_dir: Path, target_loss: float | None, dgd_median: float | 
     final = evals[-1].get("test_accuracy") if evals else None
     staleness = [r["max_staleness"] for r in steps]
     return RunSummary(
-        run=Path(run_dir).name, scheme=cfg["scheme"], s=int(cfg["stragglers"]), seed=int(cfg["seed"]),
+        run=Path(run_dir).name, scheme=cfg["scheme"], s=int(cfg["stragglers"]), delay=str(cfg.get("delay", "none")),
+        seed=int(cfg["seed"]),
         steps=len(steps), median_step_time=median,
         step_time_vs_dgd=median / dgd_median if dgd_median else None,
         steps_to_target=hit_step, time_to_target=hit_time, final_test_accuracy=final,

@@ -8,38 +8,60 @@ import json
 import numpy as np
 import pytest
 
-from pgc_mpi.bench import load_experiment, plan, run_options
+from pgc_mpi.bench import RunKey, aggregate, load_experiment, plan, run_options, winners
 from pgc_mpi.bench import main as bench
 from pgc_mpi.errors import ConfigError
 from pgc_mpi.message import MessageRecord
 from pgc_mpi.metrics import read_metrics
 from pgc_mpi.plot import main as plot
-from pgc_mpi.results import realized_delays
+from pgc_mpi.results import RunSummary, realized_delays
 from pgc_mpi.stragglers import DelayModel
+
+EXPERIMENT = ('name = "tiny"\nworkers = 3\nschemes = ["dgd", "pgc-cr", "gc-fr"]\ns = [1]\nseeds = [0, 1]\n'
+              'delays = ["exp:0.02", "none"]\ntarget_loss = 1.9\ntimeout = 120\n[train]\nsteps = 12\n'
+              'eval-every = 4\n')
 
 
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     exp = root / "exp.toml"
-    exp.write_text('name = "tiny"\nworkers = 3\nschemes = ["dgd", "pgc-cr", "gc-fr"]\ns = [1]\n'
-                   'target_loss = 1.9\ntimeout = 120\n[train]\nsteps = 12\neval-every = 4\ndelay = "exp:0.02"\n')
+    exp.write_text(EXPERIMENT)
     assert bench([str(exp), "--out", str(root / "out")]) == 0
     return root / "out"
 
 
 def test_the_table_is_computed_from_the_metrics(experiment):
-    rows = {r["scheme"]: r for r in csv.DictReader((experiment / "results.csv").open())}
-    assert set(rows) == {"dgd", "pgc-cr"}  # gc-fr cannot run on 3 workers with s=1 and is skipped
-    medians = {}
-    for scheme in rows:
-        steps = [r for r in read_metrics(experiment / f"{scheme}-s1-seed0" / "metrics.jsonl") if "event" not in r]
-        medians[scheme] = float(np.median([r["step_time"] for r in steps]))
-        assert float(rows[scheme]["median_step_time"]) == pytest.approx(medians[scheme])
+    rows = {(r["scheme"], r["delay"], r["seed"]): r for r in csv.DictReader((experiment / "results.csv").open())}
+    # gc-fr cannot run on 3 workers with s=1 and is skipped; 2 seeds x 2 delay models of the others
+    assert sorted(rows) == sorted((scheme, delay, seed) for scheme in ("dgd", "pgc-cr")
+                                  for delay in ("exp:0.02", "none") for seed in ("0", "1"))
+    for (scheme, delay, seed), row in rows.items():
+        run = experiment / f"{scheme}-s1-d{['exp:0.02', 'none'].index(delay)}-seed{seed}"
+        steps = [r for r in read_metrics(run / "metrics.jsonl") if "event" not in r]
+        assert float(row["median_step_time"]) == pytest.approx(float(np.median([r["step_time"] for r in steps])))
         wasted = sum(m.gradients for r in steps for m in map(MessageRecord._make, r["messages"]) if m.verdict != "used")
-        assert int(rows[scheme]["wasted_gradients"]) == wasted
-    assert float(rows["pgc-cr"]["step_time_vs_dgd"]) == pytest.approx(medians["pgc-cr"] / medians["dgd"])
-    assert "| pgc-cr | 1 |" in (experiment / "results.md").read_text()
+        assert int(row["wasted_gradients"]) == wasted
+        dgd = rows[("dgd", delay, seed)]  # the ratio is paired: dgd's run with the same seed and delay model
+        assert float(row["step_time_vs_dgd"]) == pytest.approx(float(row["median_step_time"])
+                                                               / float(dgd["median_step_time"]))
+    text = (experiment / "results.md").read_text()
+    assert "### delay exp:0.02" in text and "### delay none" in text and "95% confidence interval" in text
+    assert "| pgc-cr | 1 | 2 |" in text and "## Who reaches the target first" in text
+
+
+def test_a_sweep_reuses_finished_runs_and_refuses_changed_ones(experiment, tmp_path, capsys):
+    exp = tmp_path / "exp.toml"
+    exp.write_text(EXPERIMENT)
+    assert bench([str(exp), "--out", str(experiment)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("finished before, reused") == 8
+    exp.write_text(EXPERIMENT.replace("steps = 12", "steps = 13"))
+    assert bench([str(exp), "--out", str(experiment)]) == 2
+    assert "holds a finished run with other options" in capsys.readouterr().err
+    exp.write_text(EXPERIMENT.replace("[train]\n", '[train]\ndataset = "nowhere.h5"\n'))
+    assert bench([str(exp), "--out", str(tmp_path / "new")]) == 2
+    assert "data file nowhere.h5 does not exist" in capsys.readouterr().err
 
 
 def test_figures_are_written_and_pgc_plot_redraws_them(experiment, tmp_path):
@@ -51,9 +73,9 @@ def test_figures_are_written_and_pgc_plot_redraws_them(experiment, tmp_path):
 
 
 def test_realized_delays_replay_the_run(experiment):
-    config = json.loads((experiment / "pgc-cr-s1-seed0" / "config.json").read_text())["config"]
+    config = json.loads((experiment / "pgc-cr-s1-d0-seed0" / "config.json").read_text())["config"]
     model = DelayModel(config["delay"], 3, seed=config["seed"])
-    trace = realized_delays(experiment / "pgc-cr-s1-seed0")
+    trace = realized_delays(experiment / "pgc-cr-s1-d0-seed0")
     assert len(trace) > 12
     assert all(d == pytest.approx(model.delay(w, s), abs=1e-12) for w, s, d in trace)
 
@@ -70,7 +92,7 @@ def test_bad_experiment_files(tmp_path):
     with pytest.raises(ConfigError, match="per-run options"):
         load_experiment(f)
     f.write_text('workers = 4\nschemes = ["dgd", "gc-fr", "nope"]\ns = [1, 2]\n')
-    reasons = {(r[0], r[1]): r[3] for r in plan(load_experiment(f))}
+    reasons = {(key.scheme, key.s): reason for key, reason in plan(load_experiment(f))}
     assert reasons[("dgd", 1)] is None and reasons[("gc-fr", 1)] is None
     assert "divisible" in reasons[("gc-fr", 2)] and "unknown scheme" in reasons[("nope", 1)]
     assert bench([str(tmp_path / "missing.toml")]) == 2
@@ -81,11 +103,12 @@ def test_per_scheme_options_apply_to_that_scheme_only(tmp_path):
     f.write_text('workers = 4\nschemes = ["dgd", "pgc-cr", "pbs", "is-gc-cr"]\ns = [1, 2]\n'
                  '[train]\nmax-staleness = "none"\n[per_scheme.pbs]\nreplication = 2\nc = 4\nadapt = true\n')
     exp = load_experiment(f)
-    assert run_options(exp, "pbs", 1, 0) == {"max_staleness": "none", "replication": 2, "c": 4, "adapt": True,
-                                             "scheme": "pbs", "stragglers": 1, "seed": 0}
-    assert run_options(exp, "pgc-cr", 2, 0) == {"max_staleness": "none", "scheme": "pgc-cr", "stragglers": 2,
-                                                "seed": 0}
-    runs = {(r[0], r[1]): r[3] for r in plan(exp)}
+    assert run_options(exp, RunKey("pbs", 1, 0, 0)) == {"max_staleness": "none", "replication": 2, "c": 4,
+                                                        "adapt": True, "scheme": "pbs", "stragglers": 1, "seed": 0,
+                                                        "delay": "none"}
+    assert run_options(exp, RunKey("pgc-cr", 2, 0, 0)) == {"max_staleness": "none", "scheme": "pgc-cr",
+                                                           "stragglers": 2, "seed": 0, "delay": "none"}
+    runs = {(key.scheme, key.s): reason for key, reason in plan(exp)}
     # dgd and pbs ignore s: one run per seed; every run is valid (is-gc-cr's c defaults to 2)
     assert sorted(runs) == [("dgd", 1), ("is-gc-cr", 1), ("is-gc-cr", 2), ("pbs", 1), ("pgc-cr", 1), ("pgc-cr", 2)]
     assert all(reason is None for reason in runs.values())
@@ -95,3 +118,23 @@ def test_per_scheme_options_apply_to_that_scheme_only(tmp_path):
     f.write_text('workers = 4\nschemes = ["pbs"]\n[per_scheme.pbs]\nseed = 4\n')
     with pytest.raises(ConfigError, match=r"\[per_scheme.pbs\] has unknown or per-run options \['seed'\]"):
         load_experiment(f)
+
+
+def _summary(scheme: str, seed: int, time: float | None, s: int = 1) -> RunSummary:
+    return RunSummary(run=f"{scheme}-{seed}", scheme=scheme, s=s, delay="exp:1", seed=seed, steps=10,
+                      median_step_time=1.0, step_time_vs_dgd=None, steps_to_target=5 if time else None,
+                      time_to_target=time, final_test_accuracy=0.9, utilization=0.5, wasted_gradients=0,
+                      bytes_per_step=1e6, max_staleness=0, mean_staleness=0.0)
+
+
+def test_who_wins_is_decided_by_the_paired_interval():
+    clear = [_summary("dgd", k, 10.0 + k) for k in range(4)] + [_summary("pgc-cr", k, 5.0 + k) for k in range(4)]
+    lines = winners(aggregate(clear), clear)
+    assert lines[2] == "| exp:1 | 1 | pgc-cr | dgd (+5 [5, 5]) | yes |"
+    rows = {r["scheme"]: r for r in aggregate(clear)}
+    assert rows["pgc-cr"]["time_vs_dgd"].mean == pytest.approx(np.mean([5 / 10, 6 / 11, 7 / 12, 8 / 13]))
+    noisy = ([_summary("dgd", k, t) for k, t in enumerate([10.0, 4.0, 9.0, 5.0])]
+             + [_summary("pgc-cr", k, t) for k, t in enumerate([6.0, 8.0, 5.0, 7.0])])
+    assert winners(aggregate(noisy), noisy)[2].endswith("| no (within noise) |")
+    never = [_summary("dgd", 0, None), _summary("pgc-cr", 0, None)]
+    assert "no scheme reached the target" in winners(aggregate(never), never)[2]

@@ -31,3 +31,20 @@ def test_sign_test_counts_wins_and_gives_the_exact_binomial_p_value():
 @pytest.mark.parametrize("k, n, p", [(0, 0, 1.0), (7, 8, 18 / 256), (1, 8, 18 / 256), (4, 8, 1.0), (6, 6, 2 / 64)])
 def test_binomial_two_sided(k, n, p):
     assert binomial_two_sided(k, n) == pytest.approx(p)
+
+
+def test_the_confidence_interval_of_a_known_sample():
+    from pgc_mpi.stats import interval, t_cdf, t_quantile
+
+    # 1..5: mean 3, sd sqrt(2.5), t(0.975, 4) = 2.7764451...: half-width 2.7764451 * sqrt(2.5) / sqrt(5)
+    ci = interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    half = 2.7764451051977987 * math.sqrt(2.5) / math.sqrt(5)
+    assert (ci.mean, ci.low, ci.high, ci.k) == pytest.approx((3.0, 3.0 - half, 3.0 + half, 5))
+    assert ci.excludes(5.0) and not ci.excludes(3.5)
+    assert str(ci) == "3 [1.04, 4.96]"
+    assert t_quantile(0.975, 1) == pytest.approx(12.706204736, rel=1e-8)
+    assert t_quantile(0.975, 30) == pytest.approx(2.042272456, rel=1e-8)
+    assert t_cdf(0.0, 7) == pytest.approx(0.5)
+    one = interval([4.0, math.nan])
+    assert one.mean == 4.0 and math.isnan(one.low) and not one.excludes(0.0) and str(one) == "4"
+    assert str(interval([])) == "-"
