@@ -302,10 +302,14 @@ def gather(exp: dict[str, Any], out: Path, todo: list[RunKey]) -> int:
         text += "\n## Who reaches the target first\n\n" + "\n".join(winners(aggregated, rows)) + "\n"
     (out / "results.md").write_text(text)
     print(text)
-    from .plot import draw
+    from .plot import draw, draw_ratios
 
-    for f in draw(list(finished.values()), out):
+    # runs that started but did not complete are drawn too, marked (not silently dropped)
+    started = [run_dir_of(out, exp, key) for key in todo if (run_dir_of(out, exp, key) / "metrics.jsonl").is_file()]
+    for f in draw(started, out, target):
         print(f)
+    if target is not None and any(r["scheme"] == "dgd" for r in aggregated):
+        print(draw_ratios(aggregated, out, f"{exp['name']}: {exp['workers']} workers, seeds {exp['seeds']}"))
     return 1 if missing else 0
 
 

@@ -21,55 +21,139 @@ def run_dirs(paths: list[Path]) -> list[Path]:
     return found
 
 
-def draw(runs: list[Path], out: Path) -> list[Path]:
-    """Draw the four figures for these runs into `out`; returns the files written."""
+# One colour per scheme (never shared: the baselines dark, the pipelined schemes warm) and one
+# line style per s.
+SCHEME_COLORS = {"dgd": "black", "is-sgd": "tab:gray", "gc-fr": "tab:blue", "gc-cr": "tab:cyan",
+                 "is-gc-fr": "tab:olive", "is-gc-cr": "tab:brown", "pgc-fr": "tab:red", "pgc-cr": "tab:orange",
+                 "pbs": "tab:purple", "ddp": "tab:green"}
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def _color(scheme: str) -> str:
+    """The scheme's own colour (tab:pink for a scheme this module does not know)."""
+    return SCHEME_COLORS.get(scheme, "tab:pink")
+
+
+def _style(config: dict, all_s: list[int]) -> dict:
+    """Colour by scheme, line style by s."""
+    cfg = config["config"]
+    s = cfg.get("stragglers", 0)
+    return {"color": _color(cfg["scheme"]), "ls": LINE_STYLES[all_s.index(s) % len(LINE_STYLES)] if s in all_s else "-"}
+
+
+def _title(loaded: list[tuple]) -> str:
+    """What the runs share: data set, model, workers, delay models and seeds."""
+    configs = [c for _, c, *_ in loaded]
+    datasets = sorted({str(c["config"].get("dataset")) for c in configs})
+    models = sorted({str(c["config"].get("model")) for c in configs})
+    workers = sorted({str(c.get("workers")) for c in configs})
+    delays = sorted({str(c["config"].get("delay")) for c in configs})
+    seeds = sorted({c["config"].get("seed") for c in configs})
+    return (f"{'/'.join(datasets)}, {'/'.join(models)}, {'/'.join(workers)} workers, delay {' | '.join(delays)}, "
+            f"seeds {seeds}")
+
+
+def _status(steps_and_events: list[dict]) -> str:
+    summary = next((r for r in steps_and_events if r.get("event") == "summary"), None)
+    return "running or killed" if summary is None else str(summary.get("status", "completed"))
+
+
+def draw(runs: list[Path], out: Path, target: float | None = None) -> list[Path]:
+    """Draw the figures for these runs into `out` (`target`: a loss drawn as a line); returns the
+    files written. Runs that did not complete are drawn too, marked with an x at their end."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .metrics import read_metrics
+
     out.mkdir(parents=True, exist_ok=True)
-    loaded = [(d.name, *load_run(d)) for d in runs]
+    loaded = [(d.name, *load_run(d), _status(read_metrics(d / "metrics.jsonl"))) for d in runs]
+    all_s = sorted({c["config"].get("stragglers", 0) for _, c, *_ in loaded})
+    title = _title(loaded) if loaded else ""
     written = []
     for name, xlabel, index in (("loss_vs_steps.png", "step", 0), ("loss_vs_time.png", "wall time (s)", 1)):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, _, steps, evals in loaded:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        labelled: set[str] = set()
+        for _, config, steps, evals, status in loaded:
             pts = curve(steps, evals)
-            ax.plot(pts[index], pts[2], marker=".", label=label)
+            style = _style(config, all_s)
+            key = f"{config['config']['scheme']} s={config['config'].get('stragglers')}"
+            ax.plot(pts[index], pts[2], lw=1, label=None if key in labelled else key, **style)
+            labelled.add(key)
+            if status != "completed" and pts[index]:
+                ax.plot(pts[index][-1], pts[2][-1], marker="x", ms=9, color=style["color"])
+        if target is not None:
+            ax.axhline(target, color="black", lw=0.8, ls=(0, (1, 3)), label=f"target {target:g}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("training loss (full set)" if loaded and loaded[0][3] and "train_loss" in loaded[0][3][0]
                       else "test loss")
         ax.set_yscale("log")
+        ax.set_title(title + ("  (x: run did not complete)" if any(r[4] != "completed" for r in loaded) else ""),
+                     fontsize=8)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
         fig.savefig(out / name, dpi=120)
         plt.close(fig)
         written.append(out / name)
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(loaded)), 4.5))
-    ax.boxplot([[r["step_time"] for r in steps] for _, _, steps, _ in loaded], showfliers=False)
+    ax.boxplot([[r["step_time"] for r in steps] for _, _, steps, _, _ in loaded], showfliers=False)
     ax.set_xticks(range(1, len(loaded) + 1), [label for label, *_ in loaded], rotation=45, ha="right", fontsize=7)
     ax.set_ylabel("step time (s)")
+    ax.set_title(title, fontsize=8)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(out / "step_times.png", dpi=120)
     plt.close(fig)
     written.append(out / "step_times.png")
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, _, steps, _ in loaded:
+    for label, config, steps, _, _ in loaded:
         ages = [r["max_staleness"] for r in steps]
-        ax.hist(ages, bins=range(0, max(ages, default=0) + 2), histtype="step", label=label)
+        ax.hist(ages, bins=range(0, max(ages, default=0) + 2), histtype="step", label=label, **_style(config, all_s))
     ax.set_xlabel("max staleness of a step's used buffers (steps)")
     ax.set_ylabel("steps")
-    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(out / "staleness.png", dpi=120)
     plt.close(fig)
     written.append(out / "staleness.png")
-    tables = [(label, steps) for label, _, steps, _ in loaded if any("grad_norm_sq" in r for r in steps)]
+    tables = [(label, steps) for label, _, steps, _, _ in loaded if any("grad_norm_sq" in r for r in steps)]
     if tables:
         written.append(_draw_decomposition(plt, tables, out / "pbs_decomposition.png"))
     return written
+
+
+def draw_ratios(rows: list[dict], out: Path, title: str) -> Path:
+    """Time to target relative to dgd (mean and 95% interval over seeds, paired by seed), one
+    panel per delay model and s: pgc-bench's aggregated rows (bench.aggregate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys((r["delay"], r["s"]) for r in rows if r["s"] != "-"))
+    panels = panels or list(dict.fromkeys((r["delay"], "-") for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(5, 3.6 * len(panels)), 4.2), squeeze=False)
+    for ax, (delay, s) in zip(axes[0], panels):
+        chosen = [r for r in rows if r["delay"] == delay and r["s"] in (s, "-") and r["scheme"] != "dgd"]
+        means = [r["time_vs_dgd"].mean for r in chosen]
+        errors = [[m - r["time_vs_dgd"].low if r["time_vs_dgd"].k > 1 else 0 for m, r in zip(means, chosen)],
+                  [r["time_vs_dgd"].high - m if r["time_vs_dgd"].k > 1 else 0 for m, r in zip(means, chosen)]]
+        ax.bar(range(len(chosen)), means, yerr=errors, color=[_color(r["scheme"]) for r in chosen], capsize=3)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks(range(len(chosen)), [r["scheme"] for r in chosen], rotation=45, ha="right", fontsize=7)
+        ax.set_title(f"delay {delay}, s = {s}", fontsize=8)
+        ax.set_ylabel("time to target / dgd's (same seed)")
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    path = out / "time_vs_dgd.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _draw_decomposition(plt, runs: list[tuple[str, list[dict]]], path: Path) -> Path:

@@ -65,8 +65,17 @@ def test_a_sweep_reuses_finished_runs_and_refuses_changed_ones(experiment, tmp_p
 
 
 def test_figures_are_written_and_pgc_plot_redraws_them(experiment, tmp_path):
-    for name in ("loss_vs_steps.png", "loss_vs_time.png", "step_times.png", "staleness.png"):
+    for name in ("loss_vs_steps.png", "loss_vs_time.png", "step_times.png", "staleness.png", "time_vs_dgd.png"):
         assert (experiment / name).stat().st_size > 5000
+    # a run that did not complete is drawn (marked), not dropped
+    import shutil
+
+    killed = tmp_path / "runs" / "killed"
+    shutil.copytree(experiment / "pgc-cr-s1-d0-seed0", killed)
+    lines = (killed / "metrics.jsonl").read_text().splitlines()
+    (killed / "metrics.jsonl").write_text("\n".join(line for line in lines if '"summary"' not in line) + "\n")
+    assert plot([str(tmp_path / "runs"), "--out", str(tmp_path / "marked")]) == 0
+    assert (tmp_path / "marked" / "loss_vs_time.png").stat().st_size > 5000
     assert plot([str(experiment), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "loss_vs_time.png").stat().st_size > 5000
     assert plot([str(tmp_path / "nothing")]) == 2
