@@ -22,7 +22,7 @@ An experiment file:
     replication = 2
     c = 4
 
-dgd and pbs do not depend on s: they run once per seed and delay model (dgd is the reference of
+dgd, pbs and ddp do not depend on s: they run once per seed and delay model (dgd is the reference of
 the ratios, paired by seed and delay model). Runs already finished with the same options are
 reused, so an interrupted sweep resumes where it stopped. results.md gives, per delay model,
 scheme and s, means over the seeds with 95% confidence intervals (Student t), the ratios to dgd
@@ -44,7 +44,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .choices import BUILTIN_DATASETS
+from .choices import BUILTIN_DATASETS, PEER_SCHEMES
 from .config import TrainConfig, tomllib
 from .errors import ConfigError, PgcError
 from .results import RunSummary, summarize_run
@@ -55,7 +55,7 @@ EXPERIMENT_KEYS = {"name": str, "workers": int, "schemes": list, "s": list, "see
                    "timeout": int, "launcher": str, "is_gc_c": int, "train": dict, "per_scheme": dict,
                    "delays": list}
 # schemes that ignore s: one run per seed, at the smallest s of the experiment
-S_FREE = ("dgd", "pbs")
+S_FREE = ("dgd", "pbs", "ddp")
 
 
 def load_experiment(path: Path) -> dict[str, Any]:
@@ -78,8 +78,9 @@ def load_experiment(path: Path) -> dict[str, Any]:
     train = _train_options(path, "[train]", raw.get("train", {}))
     per_scheme = {}
     for scheme, options in raw.get("per_scheme", {}).items():
-        if scheme not in SCHEME_NAMES:
-            raise ConfigError(f"{path}: [per_scheme.{scheme}]: unknown scheme; choose from {', '.join(SCHEME_NAMES)}")
+        if scheme not in SCHEME_NAMES + PEER_SCHEMES:
+            raise ConfigError(f"{path}: [per_scheme.{scheme}]: unknown scheme; choose from "
+                              f"{', '.join(SCHEME_NAMES + PEER_SCHEMES)}")
         if not isinstance(options, dict):
             raise ConfigError(f"{path}: per_scheme.{scheme} must be a table of pgc-train options, got {options!r}")
         per_scheme[scheme] = _train_options(path, f"[per_scheme.{scheme}]", options)

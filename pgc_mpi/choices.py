@@ -1,4 +1,5 @@
-"""The names configurations accept (models, dtypes, optimizers, data sets, deadline policies), free to import."""
+"""The names configurations accept (models, dtypes, optimizers, data sets, deadline policies, peer schemes),
+free to import."""
 
 from __future__ import annotations
 
@@ -7,3 +8,6 @@ DTYPE_NAMES = ("float32", "float64")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 BUILTIN_DATASETS = ("digits",)
 DEADLINE_POLICIES = ("wait", "partial", "fail")
+# Schemes pgc-train runs without the parameter server (pgc_mpi.ddp); not simulated, so not in
+# pgc_mpi.schemes.SCHEME_NAMES (the simulator iterates those).
+PEER_SCHEMES = ("ddp",)

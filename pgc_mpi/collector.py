@@ -12,11 +12,16 @@ record has one layout whoever wrote it.
   payloads until the decode (`held`: the driver must not reuse those buffers before then).
 - TableCollector (pbs): every message is one partition's gradient and goes into the
   partition table; the step is ready when the table is fresh.
+
+A payload may also be given lazily, as a callable that computes it (the simulator does): it is
+then called only if the message enters the gradient or the table, never for a late, over-stale,
+uncounted or unused one. The MPI master passes the received buffer itself.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +29,13 @@ import numpy as np
 from .errors import NotDecodable, PgcError
 from .message import Message, MessageRecord
 from .schemes import CodedScheme, PbsScheme, staleness
+
+Payload = np.ndarray | Callable[[], np.ndarray]  # a message's vector, or a callable that computes it
+
+
+def resolve(payload: Payload) -> np.ndarray:
+    """The payload's vector, computed now if it was given lazily."""
+    return payload() if callable(payload) else payload
 
 
 class DeadlineMissed(PgcError):
@@ -67,7 +79,7 @@ class _Collector:
         self.rejected: list[int] = []  # over --max-staleness
         self.messages: list[MessageRecord] = []
         self.losses: list[tuple[int, float]] = []  # (worker, minibatch loss) of each message accepted
-        self.held: dict[int, np.ndarray] = {}  # payloads kept for the decode: not to be overwritten before
+        self.held: dict[int, Payload] = {}  # payloads kept for the decode: not to be overwritten before
         self.grad[...] = 0.0
 
     def note_rejected(self, worker: int) -> None:
@@ -118,7 +130,7 @@ class CodedCollector(_Collector):
         self.summed: list[int] = []  # messages already added into grad (streaming decoders)
         self._tracker = self.scheme.tracker()
 
-    def offer(self, msg: Message, payload: np.ndarray) -> str:
+    def offer(self, msg: Message, payload: Payload) -> str:
         """Record a message; returns 'accepted', 'late', 'stale', 'duplicate', 'unknown' or 'future'.
 
         Only 'accepted', 'late' and 'stale' are recorded; the others are the driver's to reject."""
@@ -141,7 +153,7 @@ class CodedCollector(_Collector):
         self.messages.append(msg.record(verdict))
         return verdict
 
-    def _accept(self, msg: Message, payload: np.ndarray) -> None:
+    def _accept(self, msg: Message, payload: Payload) -> None:
         i = msg.worker
         self.arrived.append(i)
         self.versions[i] = list(msg.versions)
@@ -150,7 +162,7 @@ class CodedCollector(_Collector):
         if not self.scheme.streams:
             self.held[i] = payload
         elif self._tracker.counted:  # decode while waiting: add it now
-            self.grad += payload
+            self.grad += resolve(payload)
             self.summed.append(i)
 
     def ready(self) -> bool:
@@ -170,7 +182,7 @@ class CodedCollector(_Collector):
             self.grad *= self.grad.dtype.type(a[used[0]])
         else:
             for i in used:
-                self.grad += self.grad.dtype.type(a[i]) * self.held[i]
+                self.grad += self.grad.dtype.type(a[i]) * resolve(self.held[i])
         stale = max((self._staleness(min(self.versions[i])) for i in used), default=0)
         return Decoded(a, used, self.scheme.residual(a), stale, partial)
 
@@ -211,9 +223,10 @@ class TableCollector(_Collector):
         super().begin(step)
         self.changed: set[int] = set()  # partitions whose entry was replaced since the previous step
 
-    def offer(self, msg: Message, payload: np.ndarray) -> str:
+    def offer(self, msg: Message, payload: Payload) -> str:
         """Offer a partition gradient to the table; returns 'used' (it replaced the entry),
-        'stale' (older than the entry, or over --max-staleness), or 'unknown' (bad ids)."""
+        'stale' (older than the entry, or over --max-staleness), or 'unknown' (bad ids). A lazy
+        payload is computed only when it replaces the entry."""
         if not (0 <= msg.worker < self.n and 0 <= msg.partition < self.n) or msg.step > self.step:
             return "unknown" if msg.step <= self.step else "future"
         if self._too_stale(msg.step):

@@ -28,7 +28,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .choices import BUILTIN_DATASETS, DEADLINE_POLICIES, DTYPE_NAMES, MODELS, OPTIMIZERS
+from .choices import BUILTIN_DATASETS, DEADLINE_POLICIES, DTYPE_NAMES, MODELS, OPTIMIZERS, PEER_SCHEMES
 from .errors import ConfigError
 from .faults import KINDS as FAULT_KINDS
 from .faults import parse_faults
@@ -80,8 +80,12 @@ class CoreConfig:
 
     def validate_core(self, workers: int) -> None:
         """Check the shared fields, then that the scheme, s, c and the delay model fit `workers` workers."""
-        if self.scheme not in SCHEME_NAMES:
-            raise ConfigError(f"unknown scheme {self.scheme!r}; choose one of: {', '.join(SCHEME_NAMES)}")
+        names = self.scheme_names()
+        if self.scheme in PEER_SCHEMES and self.scheme not in names:
+            raise ConfigError(f"scheme {self.scheme!r} runs only under pgc-train (torch.distributed workers, not "
+                              f"simulated); choose one of: {', '.join(names)}")
+        if self.scheme not in names:
+            raise ConfigError(f"unknown scheme {self.scheme!r}; choose one of: {', '.join(names)}")
         _nonnegative_int("stragglers", self.stragglers)
         _positive_int("steps", self.steps)
         _positive("lr", self.lr)
@@ -105,6 +109,17 @@ class CoreConfig:
             raise ConfigError(f"--seed must be at most 2**63 - 1 = {MAX_SEED}, got {self.seed}")
         if not _is_int(workers) or workers < 1:
             raise ConfigError(self._too_few_workers(workers))
+        if self.scheme not in PEER_SCHEMES:  # ddp builds no scheme: s, c and the staleness options do not apply
+            self._check_scheme_fit(workers, bound)
+        DelayModel(self.delay, workers, seed=self.seed)
+
+    def scheme_names(self) -> tuple[str, ...]:
+        """The schemes this command runs: the simulated ones (pgc-train adds PEER_SCHEMES)."""
+        return SCHEME_NAMES
+
+    def _check_scheme_fit(self, workers: int, bound: int | str | None) -> None:
+        """Build the scheme for `workers` (SchemeError as a ConfigError naming the worker count) and
+        check the staleness bound against its pipeline depth."""
         try:
             scheme = self.make_scheme(workers)
         except ConfigError:
@@ -117,7 +132,6 @@ class CoreConfig:
             raise ConfigError(f"--max-staleness {bound} is below {scheme.name}'s pipeline depth c-1 = "
                               f"{depth}: every message would be rejected and no step could complete; use at least "
                               f"{depth} (or window)")
-        DelayModel(self.delay, workers, seed=self.seed)
 
     def make_scheme(self, workers: int) -> CodedScheme | PbsScheme:
         """The scheme these settings describe for `workers` workers (SchemeError if it does not fit)."""
@@ -152,6 +166,10 @@ class CoreConfig:
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain JSON-able values."""
         return dataclasses.asdict(self)
+
+
+# Options the peer baselines (PEER_SCHEMES: torch DDP, no master in the training loop) do not support.
+_NOT_WITH_PEERS = ("deadline", "checkpoint_every", "resume", "fault")
 
 
 @dataclass(frozen=True)
@@ -208,6 +226,19 @@ class TrainConfig(CoreConfig):
         if self.resume == "latest" and self.out is None:
             raise ConfigError("--resume latest needs --out DIR (the run directory whose checkpoints to use)")
         parse_faults(self.fault, workers)
+        if self.scheme in PEER_SCHEMES:
+            self._check_peer_options()
+
+    def scheme_names(self) -> tuple[str, ...]:
+        """The simulated schemes and the peer baselines (PEER_SCHEMES), which only pgc-train runs."""
+        return SCHEME_NAMES + PEER_SCHEMES
+
+    def _check_peer_options(self) -> None:
+        """Refuse the options the ddp baseline does not implement (pgc_mpi.ddp), rather than ignore them:
+        they would change what a run means. s, c, --fr-decode and the staleness options are ignored."""
+        for name in _NOT_WITH_PEERS:
+            if getattr(self, name) is not None:
+                raise ConfigError(f"--{name.replace('_', '-')} is not supported with --scheme {self.scheme}")
 
     def _too_few_workers(self, workers: object) -> str:
         return ("pgc-train needs at least 2 MPI ranks (rank 0 is the master, the rest are workers): run it under "
@@ -223,20 +254,28 @@ class SimConfig(CoreConfig):
 
     workers: simulated workers; compute_time: simulated seconds of one partition gradient;
     target_gap: stop once the optimality gap F(w) - F* is at most this (None: run all steps);
-    probe_every: steps between two probes of pbs's diagnostics (pgc-train probes at --eval-every).
+    probe_every: steps between two probes of pbs's diagnostics (pgc-train probes at --eval-every);
+    target_loss: stop once the evaluated loss (the training loss; the test loss where the
+    evaluation has none) is at most this (None: run all steps); eval_every: evaluate the problem
+    every this many steps and after the last one (a step record carries its metrics only then).
     """
 
     workers: int = 12
     compute_time: float = 1.0
     target_gap: float | None = None
     probe_every: int = 20  # pbs diagnostics' probes, as pgc-train's --eval-every (default 20)
+    target_loss: float | None = None
+    eval_every: int = 1
 
     def __post_init__(self) -> None:
         self.validate_core(self.workers)
         _positive("compute-time", self.compute_time)
         _positive_int("probe-every", self.probe_every)
+        _positive_int("eval-every", self.eval_every)
         if self.target_gap is not None and not (_is_number(self.target_gap) and 0 <= self.target_gap < math.inf):
             raise ConfigError(f"--target-gap must be a finite number >= 0, got {self.target_gap!r}")
+        if self.target_loss is not None and not (_is_number(self.target_loss) and math.isfinite(self.target_loss)):
+            raise ConfigError(f"--target-loss must be a finite number, got {self.target_loss!r}")
 
 
 CORE_FIELDS = tuple(f.name for f in fields(CoreConfig))
@@ -286,7 +325,8 @@ def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
 
 # One help text per field, without its default: the parsers append the default (once).
 _HELP = {
-    "scheme": f"straggler scheme: {', '.join(SCHEME_NAMES)}",
+    "scheme": f"straggler scheme: {', '.join(SCHEME_NAMES)}; pgc-train also runs {', '.join(PEER_SCHEMES)} (the "
+              f"torch DistributedDataParallel baseline)",
     "stragglers": "s, the stragglers tolerated per step",
     "c": "partitions per worker of is-gc-fr/is-gc-cr; for pbs the staleness window C (the table steps with "
          "entries younger than C steps)",

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .choices import DTYPE_NAMES, MODELS
-from .datasets import ArraySource, H5Source
+from .datasets import ArraySource, H5Source, open_dataset
 from .errors import ConfigError
 from .sampling import minibatch_positions, partition_indices
 
@@ -172,17 +172,23 @@ class TorchProblem:
 
     def loss_and_grad(self, w: np.ndarray, partition: int, draw: int) -> tuple[float, np.ndarray]:
         """Mean loss of the partition's `draw`-th minibatch at w, and its gradient (a copy)."""
+        self._load(w)
+        self.module.train()
+        self.flat.flat_grad.zero_()
+        loss = self.minibatch_loss(partition, draw)
+        loss.backward()
+        self.flat.check_views()
+        return float(loss.detach()), self.flat.grads.copy()
+
+    def minibatch_loss(self, partition: int, draw: int, module: nn.Module | None = None) -> torch.Tensor:
+        """The mean loss of the partition's `draw`-th minibatch at the current parameters, ready for
+        backward(). The forward pass goes through `module`: this problem's model (None) or a wrapper
+        of it, such as the DistributedDataParallel of the ddp baseline (pgc_mpi.ddp)."""
         if partition not in self._local:
             raise KeyError(f"partition {partition} is not stored here (stored: {sorted(self._local)})")
         x, y = self._local[partition]
         pos = torch.from_numpy(minibatch_positions(len(y), self.batch_size, draw, self.seed, partition))
-        self._load(w)
-        self.module.train()
-        self.flat.flat_grad.zero_()
-        loss = self._loss(self.module(x[pos]), y[pos])
-        loss.backward()
-        self.flat.check_views()
-        return float(loss.detach()), self.flat.grads.copy()
+        return self._loss((self.module if module is None else module)(x[pos]), y[pos])
 
     def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
         """The gradient of loss_and_grad."""
@@ -261,3 +267,17 @@ class TorchProblem:
     def _load(self, w: np.ndarray) -> None:
         if w is not self.flat.values:
             np.copyto(self.flat.values, w, casting="same_kind")
+
+
+def load_problem(dataset: str, model: str | nn.Module, n: int, batch_size: int | None, *, seed: int = 0,
+                 dtype: str = "float32", partitions: Iterable[int] | None = None, eval_train: bool = True,
+                 verify: bool = True) -> TorchProblem:
+    """The problem pgc-train's ranks and pgc-sim build from --dataset, --model, --batch-size, --dtype and
+    --seed: `dataset` (a built-in name or an HDF5 file, its checksum checked with `verify`) cut into n
+    partitions, of which `partitions` (None: all) are read, and the seeded `model`."""
+    source = open_dataset(dataset, seed, verify_checksum=verify)
+    if source.info.num_train < n:
+        raise ConfigError(f"data set {source.info.name!r} has {source.info.num_train} training samples, fewer than "
+                          f"the {n} partitions (one per worker): use fewer workers or a larger data set")
+    return TorchProblem(model, source, n, batch_size, seed=seed, dtype=dtype, partitions=partitions,
+                        eval_train=eval_train)

@@ -6,14 +6,21 @@ newest-model rule (a worker that finishes late has its message counted and dropp
 on the newest model at once), pbs's continuous computation, deadlines and --max-staleness.
 A worker's job for step t takes compute_time per fresh partition gradient plus the straggler
 model's delay for (worker, t); messages and the master's own work take no simulated time.
+
+Every gradient is really computed, through the Problem protocol (a synthetic convex problem or
+a torch model on a data set, models.TorchProblem), at the model version the scheme prescribes,
+and only when the master uses it: a message's payload is handed to the collector as a callable
+(collector.resolve), so late, over-stale and uncounted messages cost no gradient. The problem
+is evaluated every `eval_every` steps and after the last one.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -29,17 +36,26 @@ from .stragglers import DelayModel
 
 @dataclass
 class SimResult:
-    """Per-step records, the final parameters and, if asked for, every step's parameters."""
+    """Per-step records, the final parameters and, if asked for, every step's parameters.
+
+    Only the records of evaluated steps carry the problem's metrics (`gap`, `train_loss`,
+    `test_loss`, ...); `loss_key` names the loss a target loss is checked against."""
 
     config: SimConfig
     records: list[dict] = field(default_factory=list)
     params: np.ndarray | None = None
     trajectory: list[np.ndarray] = field(default_factory=list)
     stalled: str | None = None
+    loss_key: str = "train_loss"
 
     def first_below(self, key: str, threshold: float) -> dict | None:
-        """The first record whose `key` is <= threshold (None if never)."""
+        """The first record whose `key` is <= threshold (None if never); records without a value
+        for it (steps not evaluated: the key is missing, or NaN) never count."""
         return next((r for r in self.records if r.get(key, math.inf) <= threshold), None)
+
+    def final(self, key: str) -> float:
+        """The last value of `key` in the records (NaN if none has one): the last evaluation's."""
+        return next((r[key] for r in reversed(self.records) if not math.isnan(r.get(key, math.nan))), math.nan)
 
     def median_step_time(self) -> float:
         """Median simulated time per step."""
@@ -140,14 +156,15 @@ class SimWorkers:
         """When the next job ends (inf when none will)."""
         return self._events[0][0] if self._events else math.inf
 
-    def finish(self) -> tuple[float, Message, np.ndarray]:
-        """End the next job: (time, its message, its payload)."""
+    def finish(self) -> tuple[float, Message, Callable[[], np.ndarray]]:
+        """End the next job: (time, its message, its payload as a callable that computes it: the
+        collector calls it only if it uses the message)."""
         at, worker, version, count, delay = heapq.heappop(self._events)
         self.busy[worker] = False
         if self.table:
             slot = self.scheme.fresh_slots(count, worker)[0]
             part = self.scheme.placement[worker][slot]
-            payload = self.builder.gradient(part, version, self.scheme.draw_index(count, slot))
+            payload = partial(self.builder.gradient, part, version, self.scheme.draw_index(count, slot))
             return at, Message(version, worker, (version,), partition=part, delay=delay,
                                compute_time=self.cfg.compute_time), payload
         computed = self.slots[worker]
@@ -155,7 +172,8 @@ class SimWorkers:
             self.versions[worker][k] = version
         msg = Message(version, worker, tuple(self.versions[worker]), delay=delay, gradients=len(computed),
                       compute_time=self.cfg.compute_time * len(computed))
-        return at, msg, self.builder.message(worker, self.versions[worker])
+        # the versions as they are now: the worker's list changes with its next job
+        return at, msg, partial(self.builder.message, worker, list(msg.versions))
 
     def can_refresh(self, partitions: list[int]) -> bool:
         """Whether every one of `partitions` has a holder that has not hung (pbs workers never
@@ -174,7 +192,10 @@ class SimWorkers:
 
 def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
              progress: Callable[[dict], None] | None = None) -> SimResult:
-    """Run one scheme on `problem` under the straggler model; deterministic for a given cfg."""
+    """Run one scheme on `problem` under the straggler model; deterministic for a given cfg.
+
+    The problem is evaluated after every cfg.eval_every-th step and after the last one (also
+    when the run stalls or stops at its target); only those steps' records carry its metrics."""
     scheme = cfg.make_scheme(cfg.workers)
     w = problem.initial_params().astype(np.float64)
     opt = FlatOptimizer(w, cfg.optimizer, cfg.lr, momentum=cfg.momentum)
@@ -186,7 +207,7 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
                    if isinstance(scheme, PbsScheme) else None)
     nbytes = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, np.float64).nbytes
     result = SimResult(cfg, trajectory=[w.copy()] if record_params else [])
-    now, received = 0.0, 0
+    now, received, evaluated = 0.0, 0, False
     workers.start_idle(0, workers.first_start())
     for t in range(cfg.steps):
         began = now
@@ -204,18 +225,42 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
         opt.step()
         builder.add_model(t + 1, w)
         builder.forget_before(workers.oldest_version())
+        evaluated = (t + 1) % cfg.eval_every == 0 or t == cfg.steps - 1
+        metrics = _evaluate(problem, w, result) if evaluated else {}
         record = {"step": t, "wall_time": now, "step_time": now - began, "decode_time": 0.0,
-                  "bytes_received": received * nbytes, **collector.record(dec, missed), **extra,
-                  **problem.evaluate(w)}
+                  "bytes_received": received * nbytes, **collector.record(dec, missed), **extra, **metrics}
         result.records.append(record)
         if record_params:
             result.trajectory.append(w.copy())
         if progress is not None:
             progress(record)
-        if cfg.target_gap is not None and record.get("gap", math.inf) <= cfg.target_gap:
+        if _reached(cfg, metrics):
             break
+    if result.records and not evaluated:  # stalled between two evaluations: evaluate where it stopped
+        result.records[-1].update(_evaluate(problem, w, result))
     result.params = w
     return result
+
+
+def loss_key(metrics: Mapping[str, float]) -> str:
+    """The loss a target loss is checked against: the training loss, or the test loss where the
+    evaluation has none (a torch problem evaluated without its training split)."""
+    return "train_loss" if "train_loss" in metrics else "test_loss"
+
+
+def _evaluate(problem: Problem, w: np.ndarray, result: SimResult) -> dict[str, float]:
+    metrics = problem.evaluate(w)
+    result.loss_key = loss_key(metrics)
+    return metrics
+
+
+def _reached(cfg: SimConfig, metrics: Mapping[str, float]) -> bool:
+    """Whether an evaluation's metrics reach the run's target gap or target loss (--stop-at-target)."""
+    if not metrics:
+        return False
+    gap = cfg.target_gap is not None and metrics.get("gap", math.inf) <= cfg.target_gap
+    loss = cfg.target_loss is not None and metrics.get(loss_key(metrics), math.inf) <= cfg.target_loss
+    return gap or loss
 
 
 def _collect(collector: CodedCollector | TableCollector, workers: SimWorkers, cfg: SimConfig,

@@ -1,4 +1,11 @@
-"""`pgc-sim`: compare schemes side by side in the simulator, on the same straggler delays."""
+"""`pgc-sim`: compare schemes side by side in the simulator, on the same straggler delays.
+
+The problem is a synthetic convex one by default (--problem least-squares|logistic: a known
+optimum, so the target is an optimality gap), or pgc-train's: a torch model on a data set, once
+--model or --dataset is given (built by the same function, models.load_problem; the target is
+then a loss, --target-loss). Giving both kinds of options is an error, as is an option that
+does not apply to the chosen kind.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +15,25 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from .config import CORE_FIELDS, MAX_SEED, SimConfig, add_core_options, show_default
+from .choices import DTYPE_NAMES, MODELS, PEER_SCHEMES
+from .config import (
+    CORE_FIELDS,
+    MAX_SEED,
+    SimConfig,
+    TrainConfig,
+    _add_field_options,
+    add_core_options,
+    available_cores,
+    show_default,
+)
 from .errors import ConfigError, PgcError
-from .problems import PROBLEMS
+from .problems import PROBLEMS, Problem
 from .schemes import SCHEME_NAMES
+from .sim_report import Target, format_table, summarize
 
 if TYPE_CHECKING:  # pgc_mpi.sim imports torch (its optimizer): main() imports it once the flags are valid
     from .sim import SimResult
@@ -24,6 +41,52 @@ if TYPE_CHECKING:  # pgc_mpi.sim imports torch (its optimizer): main() imports i
 DEFAULT_SCHEMES = ("dgd", "is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "is-gc-cr", "pgc-fr", "pgc-cr", "pbs")
 # pgc-sim's own defaults for shared options: a cluster with exponential stragglers to compare schemes on
 SIM_DEFAULTS = {"delay": "exp:1.0", "steps": 200}
+# Defaults that depend on the kind of problem: (synthetic, torch). A torch problem takes pgc-train's
+# minibatch and evaluation cadence (evaluating a whole data set every step would dominate the run).
+BATCH_SIZE = (None, TrainConfig.batch_size)
+EVAL_EVERY = (1, TrainConfig.eval_every)
+SYNTHETIC = {"problem": "least-squares", "samples": 1200, "dim": 20, "target_gap": 1e-3}
+TORCH = {"model": TrainConfig.model, "dataset": TrainConfig.dataset, "dtype": TrainConfig.dtype,
+         "eval_train": TrainConfig.eval_train, "verify_data": TrainConfig.verify_data, "threads": TrainConfig.threads}
+
+
+@dataclass(frozen=True)
+class ProblemChoice:
+    """The problem every run simulates: a synthetic one (`synthetic`: its name) or pgc-train's
+    torch `model` on `dataset`; the fields of the other kind are None."""
+
+    synthetic: str | None
+    samples: int | None
+    dim: int | None
+    model: str | None
+    dataset: str | None
+    batch_size: int | None
+    dtype: str | None
+    eval_train: bool | None
+    verify_data: bool | None
+    threads: int | None
+
+    @property
+    def is_torch(self) -> bool:
+        return self.synthetic is None
+
+    def build(self, workers: int, seed: int, verify: bool = True) -> Problem:
+        """The problem of one seed (`verify`: check the data file's checksum; once per run is enough)."""
+        if not self.is_torch:
+            return PROBLEMS[self.synthetic](workers, samples=self.samples, dim=self.dim, batch_size=self.batch_size,
+                                            seed=seed)
+        import torch  # only once the flags are known to be valid
+
+        from .models import load_problem
+
+        # pgc-train's default of one thread per rank: small minibatches gain nothing from more, and
+        # threads that spin on busy cores cost several times the compute (measured: 6x CPU at 2 threads)
+        torch.set_num_threads(self.threads)
+        return load_problem(self.dataset, self.model, workers, self.batch_size, seed=seed, dtype=self.dtype,
+                            eval_train=self.eval_train, verify=verify and self.verify_data)
+
+    def describe(self) -> str:
+        return f"{self.model} on {self.dataset}" if self.is_torch else f"{self.synthetic} problem"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,28 +94,41 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pgc-sim",
         description="Simulate straggler schemes on one problem and the same seeded delays, and "
-                    "print steps and simulated time to a target optimality gap. Times (--delay, "
-                    "--deadline, --compute-time) are simulated seconds.",
+                    "print steps and simulated time to a target: an optimality gap for the synthetic "
+                    "problems (--problem), a loss for a torch model on a data set (--model, --dataset, "
+                    "as pgc-train). Times (--delay, --deadline, --compute-time) are simulated seconds; "
+                    "every gradient is really computed.",
     )
     add_core_options(p, SIM_DEFAULTS, skip=("scheme",))
-    own = p.add_argument_group("simulator options")
+    _add_simulator_options(p.add_argument_group("simulator options"))
+    _add_synthetic_options(p.add_argument_group("synthetic problem (the default)"))
+    _add_torch_options(p.add_argument_group("torch model and data set (as pgc-train; given: replaces --problem)"))
+    return p
+
+
+def _add_simulator_options(own: argparse._ArgumentGroup) -> None:
     own.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
                      help=f"comma-separated schemes, all: {','.join(SCHEME_NAMES)} (default: %(default)s)")
     own.add_argument("-n", "--workers", type=int, default=SimConfig.workers,
                      help=f"number of workers {show_default('workers', SimConfig.workers)}")
-    own.add_argument("--problem", default="least-squares", choices=sorted(PROBLEMS),
-                     help="synthetic problem (default: %(default)s)")
-    own.add_argument("--samples", type=int, default=1200, help="training samples (default: %(default)s)")
-    own.add_argument("--dim", type=int, default=20, help="parameters (default: %(default)s)")
     own.add_argument("--batch-size", type=int, default=None,
-                     help="minibatch per partition (default: the whole partition)")
+                     help=f"minibatch per partition gradient (default: the whole partition for --problem, "
+                          f"{BATCH_SIZE[1]} for --model/--dataset)")
     own.add_argument("--compute-time", type=float, default=SimConfig.compute_time,
                      help="simulated seconds per partition gradient "
                           f"{show_default('compute_time', SimConfig.compute_time)}")
-    own.add_argument("--target-gap", type=float, default=1e-3,
-                     help="optimality gap F(w)-F* that counts as reached (default: %(default)s)")
+    own.add_argument("--target-gap", type=float, default=None,
+                     help="synthetic problems: optimality gap F(w)-F* that counts as reached "
+                          f"(default: {SYNTHETIC['target_gap']:g} unless --target-loss)")
+    own.add_argument("--target-loss", type=float, default=None,
+                     help="loss that counts as reached: the evaluated training loss (the test loss with "
+                          "--no-eval-train) (default: none for --model/--dataset, only final losses)")
     own.add_argument("--stop-at-target", action="store_true",
-                     help="stop each run once the target gap is reached (default: off, run all --steps)")
+                     help="stop each run once the target is reached (default: off, run all --steps)")
+    own.add_argument("--eval-every", type=int, default=None,
+                     help="evaluate the problem (loss, gap, accuracy) every this many steps and after the last; "
+                          "targets are checked at evaluations only (default: 1 for --problem, "
+                          f"{EVAL_EVERY[1]} for --model/--dataset, as pgc-train)")
     own.add_argument("--probe-every", type=int, default=SimConfig.probe_every,
                      help="steps between two probes of pbs's diagnostics (pgc-train: --eval-every) "
                           f"{show_default('probe_every', SimConfig.probe_every)}")
@@ -62,83 +138,84 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: %(default)s)")
     own.add_argument("--out", type=Path, default=None,
                      help="write every run's per-step records as JSON lines to this file (default: none)")
-    return p
 
 
-def _per_seed(res: SimResult, target: float, dgd: SimResult | None) -> dict:
-    """One simulated run's figures (a row of one seed)."""
-    hit = res.first_below("gap", target)
-    records = res.records
-    gradients = sum(m[4] for r in records for m in r["messages"])  # MessageRecord.gradients
-    return {
-        "steps_to_target": hit["step"] + 1 if hit else None,
-        "time_to_target": hit["wall_time"] if hit else None,
-        "median_step_time": res.median_step_time(),
-        "step_time_vs_dgd": res.median_step_time() / dgd.median_step_time() if dgd is not None else math.nan,
-        "final_gap": records[-1].get("gap", math.nan) if records else math.nan,
-        "max_staleness": max((r["max_staleness"] for r in records), default=0),
-        "late_messages": sum(r["late"] for r in records),
-        "stale_rejected": sum(r.get("stale_rejected", 0) for r in records),
-        "gradients_per_step": gradients / len(records) if records else math.nan,
-        "stalled": res.stalled,
-    }
+def _add_synthetic_options(group: argparse._ArgumentGroup) -> None:
+    # parsed as None when not given, so that giving one with --model/--dataset is an error
+    group.add_argument("--problem", default=None, choices=sorted(PROBLEMS),
+                       help=f"synthetic problem with a known optimum (default: {SYNTHETIC['problem']}, "
+                            "unless --model/--dataset)")
+    group.add_argument("--samples", type=int, default=None,
+                       help=f"training samples (default: {SYNTHETIC['samples']})")
+    group.add_argument("--dim", type=int, default=None, help=f"parameters (default: {SYNTHETIC['dim']})")
 
 
-def summarize(results: dict[str, list[SimResult]], target: float) -> list[dict]:
-    """One row per scheme over its seeds: means and standard deviations of the per-seed figures
-    (times to target over the seeds that reached it, `reached` of `seeds`), worst staleness."""
-    rows = []
-    for name, runs in results.items():
-        dgds = results.get("dgd", [None] * len(runs))
-        seeds = [_per_seed(res, target, dgd) for res, dgd in zip(runs, dgds)]
-        reached = sum(r["time_to_target"] is not None for r in seeds)
-        row: dict = {"scheme": name, "seeds": len(seeds), "reached": reached,
-                     "max_staleness": max(r["max_staleness"] for r in seeds),
-                     "stalled": next((r["stalled"] for r in seeds if r["stalled"]), None)}
-        for key in ("steps_to_target", "time_to_target", "median_step_time", "step_time_vs_dgd", "final_gap",
-                    "late_messages", "stale_rejected", "gradients_per_step"):
-            values = [r[key] for r in seeds if r[key] is not None]
-            row[key] = float(np.mean(values)) if values else None
-            row[key + "_sd"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-        rows.append(row)
-    return rows
+def _add_torch_options(group: argparse._ArgumentGroup) -> None:
+    # pgc-train's own options and help texts; parsed as None when not given (see _add_synthetic_options)
+    train = {f.name: f for f in fields(TrainConfig)}
+    _add_field_options(group, [train["model"], train["dataset"]],
+                       {"model": f"{TORCH['model']} with --dataset", "dataset": f"{TORCH['dataset']} with --model"},
+                       fill_defaults=False)
+    group.add_argument("--dtype", default=None,
+                       help=f"{' or '.join(DTYPE_NAMES)} for the model's gradients (the simulated master keeps "
+                            f"float64 parameters) (default: {TORCH['dtype']})")
+    group.add_argument("--eval-train", action=argparse.BooleanOptionalAction, default=None,
+                       help="evaluate on the whole training split too (--no-eval-train: the test split only; "
+                            "--target-loss is then the test loss) (default: on)")
+    _add_field_options(group, [train["verify_data"]], {}, fill_defaults=False)
+    group.add_argument("--threads", type=int, default=None,
+                       help=f"torch threads for the model's gradients and evaluations (default: {TORCH['threads']})")
 
 
-def _spread(row: dict, key: str, fmt: str) -> str:
-    """`mean ± sd` (or just the mean for one seed; `-` when no seed has a value)."""
-    if row[key] is None or math.isnan(row[key]):
-        return "-"
-    text = format(row[key], fmt)
-    return f"{text}±{format(row[key + '_sd'], fmt)}" if row["seeds"] > 1 else text
+def problem_from_args(args: argparse.Namespace) -> ProblemChoice:
+    """The problem the flags choose (ConfigError for options of the other kind or bad values)."""
+    torch_given = _given(args, ("model", "dataset"))
+    synthetic_given = _given(args, ("problem", "samples", "dim"))
+    if torch_given and synthetic_given:
+        raise ConfigError(f"{', '.join(synthetic_given)} (a synthetic problem) and {' and '.join(torch_given)} "
+                          f"(a torch model on a data set) exclude each other: give one kind or the other")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be a positive integer, got {args.batch_size}")
+    return _torch_choice(args) if torch_given else _synthetic_choice(args)
 
 
-def format_table(rows: list[dict], target: float, fr_decode: str = "covered", header: str = "") -> str:
-    """The comparison as an aligned text table, headed by what it depends on (target, rules, seeds)."""
-    head = ["scheme", "reached", "steps to gap", "time to gap", "median step", "vs dgd", "final gap",
-            "grads/step", "max stale", "rejected", "late"]
-    lines = [head]
-    for r in rows:
-        lines.append([
-            r["scheme"],
-            f"{r['reached']}/{r['seeds']}",
-            _spread(r, "steps_to_target", ".1f"),
-            _spread(r, "time_to_target", ".1f"),
-            _spread(r, "median_step_time", ".3f"),
-            _spread(r, "step_time_vs_dgd", ".2f"),
-            f"{r['final_gap']:.2e}",
-            _spread(r, "gradients_per_step", ".2f"),
-            str(r["max_staleness"]),
-            f"{r['stale_rejected']:.0f}",
-            f"{r['late_messages']:.0f}" + (" STALLED" if r["stalled"] else ""),
-        ])
-    widths = [max(len(row[k]) for row in lines) for k in range(len(head))]
-    seeds = rows[0]["seeds"] if rows else 0
-    out = [f"target gap {target:g}; times in simulated seconds; FR schemes decode: {fr_decode}; "
-           f"{seeds} seed(s): mean±sd over seeds (times and steps over the seeds that reached the target), "
-           f"rejected/late: mean per run{header}"]
-    for row in lines:
-        out.append("  ".join(cell.rjust(w) if k else cell.ljust(w) for k, (cell, w) in enumerate(zip(row, widths))))
-    return "\n".join(out)
+def _synthetic_choice(args: argparse.Namespace) -> ProblemChoice:
+    _refuse(args, tuple(name for name in TORCH if name not in ("model", "dataset")),
+            "only to a torch problem (--model/--dataset)")
+    values = {name: _or(getattr(args, name), SYNTHETIC[name]) for name in ("problem", "samples", "dim")}
+    _positive_ints(values, ("samples", "dim"))
+    return ProblemChoice(values["problem"], values["samples"], values["dim"], None, None, args.batch_size,
+                         None, None, None, None)
+
+
+def _torch_choice(args: argparse.Namespace) -> ProblemChoice:
+    values = {name: _or(getattr(args, name), default) for name, default in TORCH.items()}
+    for name, options in (("model", MODELS), ("dtype", DTYPE_NAMES)):
+        if values[name] not in options:
+            raise ConfigError(f"--{name} {values[name]!r} is not one of: {', '.join(options)}")
+    _positive_ints(values, ("threads",))
+    if values["threads"] > available_cores():  # torch aborts in native code when asked for too many
+        raise ConfigError(f"--threads {values['threads']} is more than the {available_cores()} cores this process "
+                          f"may use")
+    return ProblemChoice(None, None, None, values["model"], values["dataset"], _or(args.batch_size, BATCH_SIZE[1]),
+                         values["dtype"], values["eval_train"], values["verify_data"], values["threads"])
+
+
+def target_from_args(args: argparse.Namespace, problem: ProblemChoice) -> Target:
+    """The target the table measures against (ConfigError for a gap without a known optimum)."""
+    if args.target_gap is not None and args.target_loss is not None:
+        raise ConfigError("--target-gap and --target-loss exclude each other: give one target")
+    if args.target_gap is not None and problem.is_torch:
+        raise ConfigError("--target-gap needs a known optimum (the synthetic --problem); for --model/--dataset "
+                          "use --target-loss")
+    if args.target_gap is not None and not (math.isfinite(args.target_gap) and args.target_gap >= 0):
+        raise ConfigError(f"--target-gap must be a finite number >= 0, got {args.target_gap}")
+    if args.target_loss is not None and not math.isfinite(args.target_loss):
+        raise ConfigError(f"--target-loss must be a finite number, got {args.target_loss}")
+    eval_every = _or(args.eval_every, EVAL_EVERY[problem.is_torch])
+    if args.target_loss is not None or problem.is_torch:
+        return Target("loss", args.target_loss, eval_every)
+    return Target("gap", _or(args.target_gap, SYNTHETIC["target_gap"]), eval_every)
 
 
 def configs_from_args(args: argparse.Namespace) -> dict[str, SimConfig]:
@@ -146,22 +223,85 @@ def configs_from_args(args: argparse.Namespace) -> dict[str, SimConfig]:
     first bad one); the other seeds' configurations differ only in the seed."""
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     bad = [s for s in schemes if s not in SCHEME_NAMES]
+    if not schemes:
+        raise ConfigError("--schemes names no scheme")
+    peers = [s for s in bad if s in PEER_SCHEMES]
+    if peers:  # ddp has the same trajectory and waiting rule as dgd: simulate dgd instead
+        raise PgcError(f"{', '.join(peers)} runs only under pgc-train (torch.distributed workers), not in the "
+                       f"simulator; its simulated equivalent is dgd (same gradients, waits for every worker)")
     if bad:
         raise PgcError(f"unknown scheme(s) {bad}; choose from: {', '.join(SCHEME_NAMES)}")
     if args.seeds < 1 or args.seed + args.seeds - 1 > MAX_SEED:
         raise ConfigError(f"--seeds must be a positive integer with --seed + --seeds - 1 <= {MAX_SEED}, "
                           f"got {args.seeds}")
-    if not (math.isfinite(args.target_gap) and args.target_gap >= 0):
-        raise ConfigError(f"--target-gap must be a finite number >= 0, got {args.target_gap}")
+    target = target_from_args(args, problem_from_args(args))
+    stop = {"target_gap" if target.kind == "gap" else "target_loss": target.value} if args.stop_at_target else {}
     shared = {name: getattr(args, name) for name in CORE_FIELDS if name != "scheme"}
     return {
         name: SimConfig(**{**shared, "scheme": name, "c": args.c if name.startswith("is-gc") or name == "pbs" else None,
                            "replication": args.replication if name == "pbs" else None,
                            "adapt": args.adapt and name == "pbs"},
                         workers=args.workers, compute_time=args.compute_time, probe_every=args.probe_every,
-                        target_gap=args.target_gap if args.stop_at_target else None)
+                        eval_every=target.eval_every, **stop)
         for name in schemes
     }
+
+
+def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """The flags among `names` given on the command line (parsed to something other than None), as
+    typed (--no-X for a switch turned off)."""
+    flags = []
+    for name in names:
+        value = getattr(args, name)
+        if value is not None:
+            flags.append(("--no-" if value is False else "--") + name.replace("_", "-"))
+    return flags
+
+
+def _refuse(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:
+    given = _given(args, names)
+    if given:
+        raise ConfigError(f"{' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} {why}")
+
+
+def _positive_ints(values: dict, names: tuple[str, ...]) -> None:
+    for name in names:
+        if values[name] < 1:
+            raise ConfigError(f"--{name} must be a positive integer, got {values[name]}")
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def run_all(configs: dict[str, SimConfig], problem: ProblemChoice, first_seed: int,
+            seeds: int) -> dict[str, list[SimResult]]:
+    """Every scheme on every seed's problem: {scheme: [result per seed]}, with progress on stderr."""
+    from .sim import simulate  # torch: only once every configuration is known to be valid
+
+    results: dict[str, list[SimResult]] = {name: [] for name in configs}
+    workers = next(iter(configs.values())).workers
+    for seed in range(first_seed, first_seed + seeds):
+        began = time.perf_counter()
+        built = problem.build(workers, seed, verify=seed == first_seed)  # one data file: check it once
+        print(f"built the {problem.describe()} (seed {seed}, {built.dim} parameters) in "
+              f"{time.perf_counter() - began:.2f} s", file=sys.stderr)
+        for name, cfg in configs.items():
+            began = time.perf_counter()
+            results[name].append(simulate(dataclasses.replace(cfg, seed=seed), built))
+            print(f"simulated {name} (seed {seed}): {len(results[name][-1].records)} steps in "
+                  f"{time.perf_counter() - began:.2f} s", file=sys.stderr)
+    return results
+
+
+def write_records(path: Path, results: dict[str, list[SimResult]]) -> None:
+    """Every run's step records as JSON lines, each with its scheme and seed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        for name, runs in results.items():
+            for res in runs:
+                for rec in res.records:
+                    fh.write(json.dumps({"scheme": name, "seed": res.config.seed, **rec}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,29 +309,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         configs = configs_from_args(args)
-        from .sim import simulate  # torch: only once every configuration is known to be valid
-
-        results: dict[str, list[SimResult]] = {name: [] for name in configs}
-        for seed in range(args.seed, args.seed + args.seeds):
-            problem = PROBLEMS[args.problem](args.workers, samples=args.samples, dim=args.dim,
-                                             batch_size=args.batch_size, seed=seed)
-            for name, cfg in configs.items():
-                began = time.perf_counter()
-                results[name].append(simulate(dataclasses.replace(cfg, seed=seed), problem))
-                print(f"simulated {name} (seed {seed}): {len(results[name][-1].records)} steps in "
-                      f"{time.perf_counter() - began:.2f} s", file=sys.stderr)
+        problem = problem_from_args(args)
+        target = target_from_args(args, problem)
+        results = run_all(configs, problem, args.seed, args.seeds)
     except PgcError as exc:
         print(f"pgc-sim: error: {exc}", file=sys.stderr)
         return 2
+    key = target.key(next(iter(results.values()))[0])
     staleness = f"; --max-staleness {args.max_staleness}, --on-stale {args.on_stale}"
-    print(format_table(summarize(results, args.target_gap), args.target_gap, args.fr_decode, staleness))
+    print(format_table(summarize(results, target), target, key, args.fr_decode, staleness))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w") as fh:
-            for name, runs in results.items():
-                for res in runs:
-                    for rec in res.records:
-                        fh.write(json.dumps({"scheme": name, "seed": res.config.seed, **rec}) + "\n")
+        write_records(args.out, results)
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .errors import SchemeError
@@ -21,13 +23,14 @@ class PartitionTable:
         self.grads = np.zeros((n, dim), dtype=dtype)
         self.versions = np.full(n, _EMPTY, dtype=np.int64)
 
-    def offer(self, partition: int, version: int, grad: np.ndarray) -> bool:
-        """Store `grad` for `partition` if it is newer than the entry; returns whether it was."""
+    def offer(self, partition: int, version: int, grad: np.ndarray | Callable[[], np.ndarray]) -> bool:
+        """Store `grad` for `partition` if it is newer than the entry; returns whether it was. `grad`
+        may be a callable that computes it, called only then (the simulator's lazy gradients)."""
         if not 0 <= partition < self.n:
             raise SchemeError(f"partition {partition} is outside 0..{self.n - 1}")
         if version <= self.versions[partition]:
             return False
-        self.grads[partition] = grad
+        self.grads[partition] = grad() if callable(grad) else grad
         self.versions[partition] = version
         return True
 

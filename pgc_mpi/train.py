@@ -1,4 +1,5 @@
-"""`pgc-train`: the MPI entry point. Rank 0 validates and runs the master; ranks 1..N are workers."""
+"""`pgc-train`: the MPI entry point. Rank 0 validates and runs the master; ranks 1..N are workers
+(with --scheme ddp they train as a torch.distributed group and rank 0 only watches: pgc_mpi.ddp)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import shm, signals
+from .choices import PEER_SCHEMES
 from .config import TrainConfig, config_from_args
 from .errors import ConfigError, PgcError
 from .faults import parse_faults
@@ -33,16 +35,11 @@ def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = Fal
     `verify`: check the data file's checksum (rank 0 does, once; every rank checks the content)."""
     import torch
 
-    from .datasets import open_dataset
-    from .models import TorchProblem
+    from .models import load_problem
 
     torch.set_num_threads(cfg.threads)
-    source = open_dataset(cfg.dataset, cfg.seed, verify_checksum=verify)
-    if source.info.num_train < n:
-        raise ConfigError(f"data set {source.info.name!r} has {source.info.num_train} training samples, fewer than "
-                          f"the {n} partitions (one per worker): use fewer workers or a larger data set")
-    return TorchProblem(cfg.model, source, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype,
-                        partitions=partitions, eval_train=cfg.eval_train)
+    return load_problem(cfg.dataset, cfg.model, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype,
+                        partitions=partitions, eval_train=cfg.eval_train, verify=verify)
 
 
 def out_dir(cfg: TrainConfig) -> Path:
@@ -159,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(cfg: TrainConfig, state, comm, log) -> int:
+    if cfg.scheme in PEER_SCHEMES:
+        return _train_peers(cfg, state, comm, log)
     rank, n = comm.Get_rank(), comm.Get_size() - 1
     scheme = cfg.make_scheme(n)
     if scheme.kind == "coded":  # every rank must hold the same encoding matrix
@@ -177,17 +176,10 @@ def _train(cfg: TrainConfig, state, comm, log) -> int:
 
 def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, resume) -> int:
     from .checkpoint import Checkpointer
-    from .control import ControlSettings, RunControl
     from .master import Master, MasterSettings
 
-    out = Path(cfg.out)
-    metrics = MetricsWriter(out, keep_steps_before=resume.step if resume else None)
-    write_json(out / "config.json", {"config": cfg.to_dict(), "world_size": comm.Get_size(), "workers": scheme.n,
-                                     **cfg.scheme_shape(scheme), "parameters": problem.dim, "versions": _versions()})
-    log.info("%s with n=%d workers, s=%d, c=%d; %s/%s (%d parameters, %s); output in %s",
-             cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.dataset, cfg.model, problem.dim, cfg.dtype, out)
+    out, metrics, progress = _open_outputs(cfg, comm, log, scheme, problem, resume)
     link = MasterTransport(comm, scheme.n, layout, cfg.poll_interval)
-    progress = Progress(cfg.steps, cfg.eval_every, log)
     settings = MasterSettings(steps=cfg.steps, optimizer=cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
                               deadline=cfg.deadline, on_deadline=cfg.on_deadline,
                               max_staleness=cfg.staleness_bound(scheme), record_params=cfg.record_params,
@@ -195,17 +187,10 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, re
     checkpointer = Checkpointer(out / "checkpoints", _identity(cfg, scheme, problem.dim), cfg.to_dict(),
                                 keep=cfg.keep_checkpoints)
     master = Master(settings, scheme, problem, link, metrics, progress, checkpointer, resume)
-    control = RunControl(ControlSettings(cfg.steps, cfg.eval_every, cfg.target_loss, cfg.checkpoint_every), out,
-                         evaluate=lambda: problem.evaluate(master.w), write=metrics.write)
+    control = _control(cfg, out, lambda: problem.evaluate(master.w), metrics)
     began = time.monotonic()
     totals = master.run(control)
-    wall = time.monotonic() - began
-    progress.close()
-    summary = _summary(totals, control, wall, metrics.path)
-    metrics.write(summary)
-    if cfg.record_params:
-        np.save(out / "params.npy", np.stack(master.trajectory))
-    _report(cfg, scheme, summary, control.last_eval, out)
+    _close_outputs(cfg, scheme, totals, control, time.monotonic() - began, metrics, progress, master.trajectory)
     abandoned = link.shutdown(cfg.grace)
     if abandoned:
         log.warning("workers %s (ranks %s) did not stop within %.0f s and are abandoned (hung?); "
@@ -222,6 +207,63 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, re
         # status after a forwarded signal, but it always reports an abort's code
         abort(signals.EXIT_STOPPED)
     return 0
+
+
+def _train_peers(cfg: TrainConfig, state, comm, log) -> int:
+    """--scheme ddp (pgc_mpi.ddp): the workers train as a torch.distributed group; rank 0, outside
+    it, evaluates and writes the same outputs as the master does."""
+    from . import ddp
+
+    rank, n = comm.Get_rank(), comm.Get_size() - 1
+    scheme = ddp.booking_scheme(n, cfg.seed)
+    problem = state[0] if rank == 0 else _problem(cfg, n, partitions=scheme.placement[rank - 1])
+    peers = ddp.connect(comm, problem)
+    if rank > 0:
+        ddp.run_worker(cfg, peers, scheme, problem, DelayModel(cfg.delay, n, seed=cfg.seed))
+        return 0
+    out, metrics, progress = _open_outputs(cfg, comm, log, scheme, problem)
+    monitor = ddp.Monitor(cfg, peers, scheme, problem, metrics, progress)
+    control = _control(cfg, out, monitor.evaluate, metrics)
+    totals = monitor.run(control)
+    _close_outputs(cfg, scheme, totals, control, time.monotonic() - monitor.began, metrics, progress,
+                   monitor.trajectory)
+    if control.stopped_by:  # the workers are still in their loop: the abort ends them (status 3: requeue)
+        metrics.close()
+        abort(signals.EXIT_STOPPED)
+    monitor.finish()
+    metrics.close()
+    return EXIT_DIVERGED if totals.diverged else 0
+
+
+def _open_outputs(cfg: TrainConfig, comm, log, scheme, problem, resume=None) -> tuple[Path, MetricsWriter, Progress]:
+    """Rank 0's outputs at the start of every run: metrics.jsonl (after a resume, with the earlier
+    steps kept), config.json, the first log line and the progress display."""
+    out = Path(cfg.out)
+    metrics = MetricsWriter(out, keep_steps_before=resume.step if resume else None)
+    write_json(out / "config.json", {"config": cfg.to_dict(), "world_size": comm.Get_size(), "workers": scheme.n,
+                                     **cfg.scheme_shape(scheme), "parameters": problem.dim, "versions": _versions()})
+    log.info("%s with n=%d workers, s=%d, c=%d; %s/%s (%d parameters, %s); output in %s",
+             cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.dataset, cfg.model, problem.dim, cfg.dtype, out)
+    return out, metrics, Progress(cfg.steps, cfg.eval_every, log)
+
+
+def _control(cfg: TrainConfig, out: Path, evaluate, metrics: MetricsWriter):
+    """The run's RunControl: evaluations, the target loss, checkpoints and stop signals."""
+    from .control import ControlSettings, RunControl
+
+    return RunControl(ControlSettings(cfg.steps, cfg.eval_every, cfg.target_loss, cfg.checkpoint_every), out,
+                      evaluate=evaluate, write=metrics.write)
+
+
+def _close_outputs(cfg: TrainConfig, scheme, totals, control, wall: float, metrics: MetricsWriter, progress: Progress,
+                   trajectory: list[np.ndarray]) -> None:
+    """Rank 0's outputs at the end of every run: the summary record, params.npy and the printed report."""
+    progress.close()
+    summary = _summary(totals, control, wall, metrics.path)
+    metrics.write(summary)
+    if cfg.record_params:
+        np.save(Path(cfg.out) / "params.npy", np.stack(trajectory))
+    _report(cfg, scheme, summary, control.last_eval, Path(cfg.out))
 
 
 def _summary(totals, control, wall: float, metrics_path: Path) -> dict:

@@ -5,6 +5,9 @@ fields followed by the payload (parameters or a coded gradient) in the run's dty
 receives into one preallocated buffer per worker, polls them with Testsome plus a short sleep
 (never a busy spin, never a wait that cannot time out), and keeps at most one model message in
 flight per worker, sent from a snapshot so the master can update its parameters meanwhile.
+
+The ddp baseline (pgc_mpi.ddp) averages its gradients over torch.distributed, not here; its
+links to rank 0 (PeerReporter, PeerInbox) carry only step reports, parameters and verdicts.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from mpi4py import MPI
 from .message import MODEL_HEADER, Layout
 
 TAG_MODEL, TAG_GRAD, TAG_STOP, TAG_BYE = 101, 102, 103, 104
+# the ddp baseline's messages (pgc_mpi.ddp): step reports and parameters to rank 0, its verdicts back
+TAG_REPORT, TAG_PARAMS, TAG_VERDICT = 105, 106, 107
 
 
 class Backoff:
@@ -259,3 +264,81 @@ class WorkerTransport:
         """Tell the master this worker is done and will send nothing more."""
         self.comm.Send([np.zeros(1), MPI.DOUBLE], dest=0, tag=TAG_BYE)
 
+
+def _wait(requests: list[MPI.Request], poll_interval: float, stop=lambda: False) -> bool:
+    """Wait for every request with Backoff's sleeps (never a spin); False if `stop()` turned true first."""
+    backoff = Backoff(poll_interval)
+    while not MPI.Request.Testall(requests):
+        if stop():
+            return False
+        backoff.sleep()
+    return True
+
+
+def barrier(comm: MPI.Comm, poll_interval: float, stop=lambda: False) -> bool:
+    """A barrier over `comm` waited with Backoff's sleeps (a blocking MPI barrier spins a core in
+    MPICH); False if `stop()` turned true first."""
+    return _wait([comm.Ibarrier()], poll_interval, stop)
+
+
+class PeerReporter:
+    """A ddp worker's side of its link to rank 0 (pgc_mpi.ddp), which is not in the training loop.
+
+    Reports and parameters go out with non-blocking sends from private copies, so training never
+    waits for rank 0; the copies live until their sends complete. At evaluation steps the worker
+    waits for rank 0's verdict (go on or stop), which keeps every worker at the same step."""
+
+    def __init__(self, comm: MPI.Comm, poll_interval: float):
+        self.comm, self.poll_interval = comm, poll_interval
+        self._pending: list[tuple[MPI.Request, np.ndarray]] = []
+        self._verdict = np.zeros(1)
+
+    def send(self, data: np.ndarray, params: bool = False) -> None:
+        """Send a copy of `data` (a step report, or with `params` the parameters) to rank 0."""
+        buf = np.ascontiguousarray(data).copy().view(np.uint8)
+        tag = TAG_PARAMS if params else TAG_REPORT
+        self._pending = [(r, b) for r, b in self._pending if not r.Test()]
+        self._pending.append((self.comm.Isend([buf, MPI.BYTE], dest=0, tag=tag), buf))
+
+    def verdict(self) -> bool:
+        """Wait for rank 0's verdict after an evaluation step: True to stop, False to go on."""
+        _wait([self.comm.Irecv([self._verdict, MPI.DOUBLE], source=0, tag=TAG_VERDICT)], self.poll_interval)
+        return bool(self._verdict[0])
+
+    def flush(self) -> None:
+        """Wait until rank 0 has received everything sent (it receives every step's messages)."""
+        _wait([r for r, _ in self._pending], self.poll_interval)
+        self._pending = []
+
+
+class PeerInbox:
+    """Rank 0's side of the ddp baseline's links: one report per worker and step, the parameters from
+    worker 0 when asked for, and the verdicts rank 0 sends back at evaluation steps."""
+
+    def __init__(self, comm: MPI.Comm, n: int, reports: np.ndarray, params: np.ndarray, poll_interval: float):
+        """`reports`: n rows, one worker's report each (any dtype: received as bytes); `params`: the
+        buffer the parameters land in."""
+        self.comm, self.n, self.poll_interval = comm, n, poll_interval
+        self.reports, self.params = reports, params
+        self._verdicts: list[tuple[MPI.Request, np.ndarray]] = []
+
+    def collect(self, with_params: bool, stop) -> bool:
+        """Receive the next report of every worker (and the parameters, `with_params`); False when
+        `stop()` turned true first (the receives are then left posted: the caller ends the job)."""
+        rows = self.reports.view(np.uint8).reshape(self.n, -1)
+        reqs = [self.comm.Irecv([rows[i], MPI.BYTE], source=i + 1, tag=TAG_REPORT) for i in range(self.n)]
+        if with_params:
+            reqs.append(self.comm.Irecv([self.params.view(np.uint8), MPI.BYTE], source=1, tag=TAG_PARAMS))
+        return _wait(reqs, self.poll_interval, stop)
+
+    def send_verdict(self, stop: bool) -> None:
+        """Tell every worker whether to stop after this evaluation step (non-blocking)."""
+        buf = np.array([float(stop)])
+        self._verdicts = [(r, b) for r, b in self._verdicts if not r.Test()]
+        self._verdicts += [(self.comm.Isend([buf, MPI.DOUBLE], dest=i + 1, tag=TAG_VERDICT), buf)
+                           for i in range(self.n)]
+
+    def flush(self) -> None:
+        """Wait until every worker has received its verdicts."""
+        _wait([r for r, _ in self._verdicts], self.poll_interval)
+        self._verdicts = []

@@ -16,7 +16,8 @@ def test_a_message_survives_its_bytes():
     layout = Layout(gradient_header(3), dim=5, dtype=np.float32)
     buf = layout.allocate()[0]
     header, payload = layout.split(buf)
-    sent = Message(7, 2, (5, 6, 7), partition=-1, loss=0.25, compute_time=0.5, delay=1.5, gradients=1)
+    sent = Message(7, 2, (5, 6, 7), partition=-1, loss=0.25, compute_time=0.5, delay=1.5, gradients=1,
+                   real_compute_time=0.125)
     sent.write(header)
     payload[:] = np.arange(5)
     copy = buf.copy()  # what the receiver's buffer holds after MPI moved the bytes
@@ -42,7 +43,7 @@ def test_every_scheme_s_message_carries_its_buffer_versions(name, versions):
 
 
 def test_a_record_is_a_json_list_read_back_by_name():
-    rec = Message(3, 1, (2, 3), compute_time=0.1, delay=0.2, gradients=1).record("used")
+    rec = Message(3, 1, (2, 3), compute_time=0.1, delay=0.2, gradients=1, real_compute_time=0.05).record("used")
     again = MessageRecord._make(json.loads(json.dumps(rec)))
     assert again == rec and again.verdict == "used" and again.delay == 0.2
     bad = MessageRecord.rejected(4)
