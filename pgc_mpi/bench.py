@@ -18,6 +18,8 @@ An experiment file:
     model = "cnn"
     steps = 300
     delay = "exp:0.05"
+    backend = "mpi"             # or "sim": simulate every run (torch model and data, simulated time;
+                                # needs compute_time in [train]), same outputs
     [per_scheme.pbs]            # pgc-train options for one scheme's runs only
     replication = 2
     c = 4
@@ -53,7 +55,8 @@ from .stats import Interval, interval
 
 EXPERIMENT_KEYS = {"name": str, "workers": int, "schemes": list, "s": list, "seeds": list, "target_loss": float,
                    "timeout": int, "launcher": str, "is_gc_c": int, "train": dict, "per_scheme": dict,
-                   "delays": list}
+                   "delays": list, "backend": str}
+BACKENDS = ("mpi", "sim")
 # schemes that ignore s: one run per seed, at the smallest s of the experiment
 S_FREE = ("dgd", "pbs", "ddp")
 
@@ -84,11 +87,14 @@ def load_experiment(path: Path) -> dict[str, Any]:
         if not isinstance(options, dict):
             raise ConfigError(f"{path}: per_scheme.{scheme} must be a table of pgc-train options, got {options!r}")
         per_scheme[scheme] = _train_options(path, f"[per_scheme.{scheme}]", options)
+    backend = raw.get("backend", "mpi")
+    if backend not in BACKENDS:
+        raise ConfigError(f"{path}: backend {backend!r} is not one of: {', '.join(BACKENDS)}")
     delays = raw.get("delays")
     if delays is not None and (not delays or not all(isinstance(d, str) for d in delays)):
         raise ConfigError(f"{path}: 'delays' must be a non-empty list of delay models (strings), got {delays!r}")
     return {"name": raw.get("name", Path(path).stem), "workers": raw["workers"], "schemes": raw["schemes"],
-            "delays": delays or [train.get("delay", "none")], "delay_axis": delays is not None,
+            "delays": delays or [train.get("delay", "none")], "delay_axis": delays is not None, "backend": backend,
             "s": raw.get("s", [1]), "seeds": raw.get("seeds", [0]), "target_loss": raw.get("target_loss"),
             "timeout": raw.get("timeout", 1800), "launcher": raw.get("launcher", "mpiexec -n {ranks}"),
             "is_gc_c": raw.get("is_gc_c"), "train": train, "per_scheme": per_scheme}
@@ -136,12 +142,22 @@ def plan(exp: dict[str, Any]) -> list[tuple[RunKey, str | None]]:
                 for s in ([min(exp["s"])] if scheme in S_FREE else exp["s"]):
                     key = RunKey(scheme, s, delay, seed)
                     try:
-                        TrainConfig(**run_options(exp, key)).validate(exp["workers"])
+                        _validate(exp, key)
                         reason = None
                     except ConfigError as exc:
                         reason = str(exc)
                     runs.append((key, reason))
     return runs
+
+
+def _validate(exp: dict[str, Any], key: RunKey) -> None:
+    """ConfigError unless the run can be launched (MPI) or simulated (sim) as the file says."""
+    options = run_options(exp, key)
+    TrainConfig(**options).validate(exp["workers"])
+    if exp["backend"] == "sim":
+        from .sim_backend import sim_config
+
+        sim_config(options, exp["workers"])
 
 
 def check_data(exp: dict[str, Any]) -> None:
@@ -170,6 +186,8 @@ def run_one(exp: dict[str, Any], key: RunKey, out: Path) -> tuple[int, float]:
     """Launch one pgc-train job; returns (exit code, seconds)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.toml").write_text(run_toml(exp, key))
+    if exp["backend"] == "sim":
+        return _simulate_one(exp, key, out)
     ranks = exp["workers"] + 1
     launcher = shlex.split(exp["launcher"].format(ranks=ranks))
     local = Path(sys.executable).parent / launcher[0]
@@ -185,6 +203,20 @@ def run_one(exp: dict[str, Any], key: RunKey, out: Path) -> tuple[int, float]:
 
 SUMMARY_KEYS = ("time_to_target", "steps_to_target", "median_step_time", "step_time_vs_dgd", "time_vs_dgd",
                 "final_test_accuracy", "utilization", "wasted_gradients", "bytes_per_step", "max_staleness")
+
+
+def _simulate_one(exp: dict[str, Any], key: RunKey, out: Path) -> tuple[int, float]:
+    """Simulate one run into `out` (pgc_mpi.sim_backend); returns (exit code, seconds)."""
+    from .sim_backend import run_simulated
+
+    began = time.monotonic()
+    try:
+        run_simulated(run_options(exp, key), exp["workers"], out)
+        rc = 0
+    except PgcError as exc:
+        (out / "log.txt").write_text(f"pgc-bench: error: {exc}\n")
+        rc = 2
+    return rc, time.monotonic() - began
 
 
 def aggregate(rows: list[RunSummary]) -> list[dict[str, Any]]:

@@ -147,3 +147,28 @@ def test_who_wins_is_decided_by_the_paired_interval():
     assert winners(aggregate(noisy), noisy)[2].endswith("| no (within noise) |")
     never = [_summary("dgd", 0, None), _summary("pgc-cr", 0, None)]
     assert "no scheme reached the target" in winners(aggregate(never), never)[2]
+
+
+def test_the_simulator_backend_writes_runs_the_gather_reads(tmp_path, capsys):
+    from pgc_mpi.config import SimConfig
+    from pgc_mpi.models import load_problem
+    from pgc_mpi.sim import simulate
+
+    exp = tmp_path / "sim.toml"
+    exp.write_text('name = "sim"\nworkers = 4\nbackend = "sim"\nschemes = ["dgd", "pgc-cr", "ddp"]\ns = [1]\n'
+                   'seeds = [0, 1]\ntarget_loss = 1.5\n[train]\nsteps = 20\neval_every = 5\ncompute_time = 1.0\n'
+                   'delay = "exp:1.0"\n')
+    assert bench([str(exp), "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert "skipping ddp s=1 seed=0: scheme 'ddp' runs only under pgc-train" in captured.err
+    config = json.loads((tmp_path / "out" / "pgc-cr-s1-seed1" / "config.json").read_text())
+    assert config["backend"] == "sim" and config["config"]["dataset"] == "digits"
+    # the run folder holds exactly the simulated run
+    direct = simulate(SimConfig(scheme="pgc-cr", workers=4, stragglers=1, steps=20, eval_every=5, compute_time=1.0,
+                                delay="exp:1.0", seed=1), load_problem("digits", "logreg", 4, 32, seed=1))
+    rows = {(r["scheme"], r["seed"]): r for r in csv.DictReader((tmp_path / "out" / "results.csv").open())}
+    assert float(rows[("pgc-cr", "1")]["median_step_time"]) == pytest.approx(direct.median_step_time())
+    assert "## Who reaches the target first" in (tmp_path / "out" / "results.md").read_text()
+    exp.write_text(exp.read_text().replace("compute_time = 1.0\n", ""))
+    assert bench([str(exp), "--out", str(tmp_path / "other")]) == 1  # nothing could run
+    assert 'backend "sim" needs compute_time' in capsys.readouterr().err

@@ -1,0 +1,67 @@
+"""pgc-bench's simulator backend: one run of an experiment simulated and written as a run folder.
+
+With `backend = "sim"` in an experiment file, every run is `pgc_mpi.simulate` on the experiment's
+torch model and data set (the same `dataset`, `model`, `batch_size`, `dtype` options as
+pgc-train) instead of an MPI job, and its outputs have pgc-train's layout (config.json,
+metrics.jsonl with step, eval and summary records), so the same gather, statistics and figures
+apply. Times are simulated: every partition gradient takes `compute_time` seconds (required)
+plus the injected delays; what the simulator leaves out is measured in docs/BENCHMARKS.md
+(the simulator against the MPI runtime). pgc-train options the simulator has no use for
+(checkpoints, polling, threads, ...) are ignored; ddp is not simulated (its simulated
+equivalent is dgd).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from .config import CORE_FIELDS, SimConfig
+from .errors import ConfigError
+from .metrics import MetricsWriter, write_json
+
+# pgc-train options a simulated run honours besides the shared ones (CORE_FIELDS)
+PROBLEM_OPTIONS = ("dataset", "model", "batch_size", "dtype", "eval_train")
+SIM_OPTIONS = ("compute_time", "eval_every")
+
+
+def sim_config(options: dict[str, Any], workers: int) -> SimConfig:
+    """The SimConfig of a run's pgc-train options (ConfigError if it cannot be simulated)."""
+    if options.get("compute_time") is None:
+        raise ConfigError("backend \"sim\" needs compute_time in [train]: the simulated seconds of one partition "
+                          "gradient")
+    values = {k: v for k, v in options.items() if k in CORE_FIELDS or k in SIM_OPTIONS}
+    values.setdefault("eval_every", 20)  # pgc-train's default
+    return SimConfig(**values, workers=workers)
+
+
+def run_simulated(options: dict[str, Any], workers: int, out: Path) -> None:
+    """Simulate one run and write it to `out` as pgc-train would have."""
+    from .models import load_problem
+    from .sim import simulate
+
+    cfg = sim_config(options, workers)
+    defaults = {"dataset": "digits", "model": "logreg", "batch_size": 32, "dtype": "float32", "eval_train": True}
+    problem_options = {**defaults, **{k: v for k, v in options.items() if k in PROBLEM_OPTIONS}}
+    problem = load_problem(problem_options["dataset"], problem_options["model"], workers,
+                           problem_options["batch_size"], seed=cfg.seed, dtype=problem_options["dtype"],
+                           eval_train=problem_options["eval_train"])
+    scheme = cfg.make_scheme(workers)
+    write_json(out / "config.json", {"config": {**dataclasses.asdict(cfg), **problem_options}, "workers": workers,
+                                     "backend": "sim", **cfg.scheme_shape(scheme), "parameters": problem.dim})
+    result = simulate(cfg, problem)
+    metrics = MetricsWriter(out)
+    try:
+        for record in result.records:
+            metrics.write(record)
+            if "test_loss" in record:  # the simulator evaluated after this step
+                metrics.write({"event": "eval", "step": record["step"],
+                               **{k: record[k] for k in _EVAL_KEYS if k in record}})
+        metrics.write({"event": "summary", "status": "stalled: " + result.stalled if result.stalled else "completed",
+                       "steps": len(result.records), "backend": "sim"})
+    finally:
+        metrics.close()
+
+
+_EVAL_KEYS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
