@@ -72,3 +72,18 @@ def steps_of(out: Path) -> list[dict]:
 def events_of(out: Path, event: str) -> list[dict]:
     """The records of one event kind ('eval', 'summary', 'shutdown')."""
     return [r for r in read_metrics(out / "metrics.jsonl") if r.get("event") == event]
+
+
+def start_train(ranks: int, args: list[str], out: Path, wait: float = 90) -> subprocess.Popen:
+    """Start `mpiexec -n RANKS python -m pgc_mpi train ARGS --out OUT` in the background (bounded by
+    MPIEXEC_TIMEOUT) and return once its first step record is in OUT/metrics.jsonl (or `wait`
+    seconds have passed). The caller signals or waits for it and reads its pipes."""
+    import time
+
+    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "pgc_mpi", "train", *args, "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=mpi_env(120), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    until = time.monotonic() + wait
+    while time.monotonic() < until and not ((out / "metrics.jsonl").exists() and steps_of(out)):
+        time.sleep(0.2)
+    return proc
+

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ from pgc_mpi.errors import ConfigError
 from pgc_mpi.message import MessageRecord
 from pgc_mpi.sim_cli import main as sim_main
 
-from helpers import MPIEXEC, events_of, mpi_env, run_train, steps_of
+from helpers import events_of, run_train, steps_of
 
 STEPS = 12
 SHARED = ["--steps", str(STEPS), "--dtype", "float64", "--batch-size", "16", "--lr", "0.5", "--seed", "3",
@@ -117,15 +115,11 @@ def test_ddp_stops_at_the_target_loss(tmp_path):
 
 
 def test_a_stop_signal_ends_a_ddp_run_with_status_3(tmp_path):
-    from helpers import leaked_segments, mpich_segments
+    from helpers import leaked_segments, mpich_segments, start_train
 
-    cmd = [MPIEXEC, "-n", "3", sys.executable, "-m", "pgc_mpi", "train", "--scheme", "ddp", "--steps", "100000",
-           "--delay", "exp:0.01", "--eval-every", "50", "--out", str(tmp_path)]
     segments = mpich_segments()
-    proc = subprocess.Popen(cmd, env=mpi_env(120), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    until = time.monotonic() + 90
-    while time.monotonic() < until and not ((tmp_path / "metrics.jsonl").exists() and steps_of(tmp_path)):
-        time.sleep(0.2)
+    proc = start_train(3, ["--scheme", "ddp", "--steps", "100000", "--delay", "exp:0.01", "--eval-every", "50"],
+                       tmp_path)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 3, err[-3000:]

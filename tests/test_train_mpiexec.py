@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -220,28 +219,20 @@ def _stop(proc: subprocess.Popen, out: Path, sig: str, segments: set[str]) -> st
 
 def test_a_stop_signal_ends_the_run_cleanly_and_asks_for_a_requeue(tmp_path):
     """SIGUSR1 here; SIGTERM ends test_a_checkpoint_on_demand_and_training_goes_on's job, with the same checks."""
-    from helpers import MPIEXEC, mpich_segments
+    from helpers import mpich_segments, start_train
 
-    cmd = [MPIEXEC, "-n", "4", sys.executable, "-m", "pgc_mpi", "train", "--steps", "100000", "--delay", "exp:0.01",
-           "--eval-every", "50", "--checkpoint-every", "1000000", "--out", str(tmp_path)]
     segments = mpich_segments()
-    proc = subprocess.Popen(cmd, env=mpi_env(120), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    until = time.monotonic() + 60
-    while time.monotonic() < until and not ((tmp_path / "metrics.jsonl").exists() and steps_of(tmp_path)):
-        time.sleep(0.2)
+    proc = start_train(4, ["--steps", "100000", "--delay", "exp:0.01", "--eval-every", "50", "--checkpoint-every",
+                           "1000000"], tmp_path, wait=60)
     _stop(proc, tmp_path, "SIGUSR1", segments)
 
 
 def test_a_checkpoint_on_demand_and_training_goes_on(tmp_path):
-    from helpers import MPIEXEC, mpich_segments
+    from helpers import mpich_segments, start_train
 
-    cmd = [MPIEXEC, "-n", "4", sys.executable, "-m", "pgc_mpi", "train", "--steps", "100000", "--delay", "exp:0.01",
-           "--eval-every", "1000", "--out", str(tmp_path)]
     segments = mpich_segments()
-    proc = subprocess.Popen(cmd, env=mpi_env(120), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_train(4, ["--steps", "100000", "--delay", "exp:0.01", "--eval-every", "1000"], tmp_path, wait=60)
     until = time.monotonic() + 60
-    while time.monotonic() < until and not ((tmp_path / "metrics.jsonl").exists() and steps_of(tmp_path)):
-        time.sleep(0.2)
     (tmp_path / "CHECKPOINT").touch()
     while time.monotonic() < until and not list((tmp_path / "checkpoints").glob("ckpt-*.h5")):
         time.sleep(0.2)
