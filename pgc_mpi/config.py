@@ -77,6 +77,7 @@ class CoreConfig:
     seed: int = 0
     fr_decode: str = "covered"
     adapt: bool = False
+    fixed_minibatch: bool = False
 
     def validate_core(self, workers: int) -> None:
         """Check the shared fields, then that the scheme, s, c and the delay model fit `workers` workers."""
@@ -98,6 +99,8 @@ class CoreConfig:
         check_deadline(self.deadline, self.on_deadline)
         bound = parse_max_staleness(self.max_staleness)
         _choice("on-stale", self.on_stale, ON_STALE)
+        if not isinstance(self.fixed_minibatch, bool):
+            raise ConfigError(f"--fixed-minibatch must be true or false, got {self.fixed_minibatch!r}")
         if not isinstance(self.adapt, bool):
             raise ConfigError(f"--adapt must be true or false, got {self.adapt!r}")
         if self.adapt and self.scheme != "pbs":
@@ -348,6 +351,9 @@ _HELP = {
                  "and often earlier) or n-s (after the first n-s arrivals, the paper's rule); same gradient",
     "adapt": "pbs only: halve the learning rate (down to 1/64 of it) at a diagnostics probe where the stale-error "
              "bound L^2*displacement exceeds a quarter of ||g_hat||^2",
+    "fixed_minibatch": "every computation of a partition uses its first minibatch, as the authors' published code "
+                       "did (it re-created the data loaders every step without shuffling); to compare with the "
+                       "paper's numbers",
     "batch_size": "minibatch size per partition gradient",
     "dataset": f"built-in data set ({', '.join(BUILTIN_DATASETS)}) or an HDF5 file made by `python -m data_prep`",
     "model": f"model: {', '.join(MODELS)}",

@@ -154,6 +154,34 @@ class Logistic(_ConvexProblem):
         return w
 
 
+class FirstMinibatch:
+    """A problem whose every computation of a partition uses that partition's first minibatch
+    (draw 0), as the authors' published code did: it re-created each partition's data loader at
+    every step without shuffling (--fixed-minibatch, to test whether a result depends on that).
+    Everything else is the wrapped problem's."""
+
+    def __init__(self, problem: Problem):
+        self.inner = problem
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
+        return self.inner.grad(w, partition, 0)
+
+    def loss_and_grad(self, w: np.ndarray, partition: int, draw: int) -> tuple[float, np.ndarray]:
+        return self.inner.loss_and_grad(w, partition, 0)
+
+    def minibatch_loss(self, partition: int, draw: int, **kwargs):
+        """TorchProblem's minibatch loss (the ddp baseline), of the first minibatch."""
+        return self.inner.minibatch_loss(partition, 0, **kwargs)
+
+
+def with_sampling(problem: Problem, fixed_minibatch: bool) -> Problem:
+    """The problem as --fixed-minibatch asks: unchanged, or FirstMinibatch."""
+    return FirstMinibatch(problem) if fixed_minibatch else problem
+
+
 def _validation_size(samples: int) -> int:
     """Validation samples beside `samples` training ones: a fifth as many (at least 20)."""
     return max(20, samples // 5)

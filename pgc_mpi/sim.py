@@ -29,7 +29,7 @@ from .config import SimConfig
 from .diagnostics import TableDiagnostics
 from .message import Layout, Message, buffers_per_message, gradient_header
 from .optim import FlatOptimizer
-from .problems import Problem
+from .problems import Problem, with_sampling
 from .schemes import CodedScheme, PbsScheme
 from .stragglers import DelayModel
 
@@ -197,6 +197,7 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
     The problem is evaluated after every cfg.eval_every-th step and after the last one (also
     when the run stalls or stops at its target); only those steps' records carry its metrics."""
     scheme = cfg.make_scheme(cfg.workers)
+    problem = with_sampling(problem, cfg.fixed_minibatch)
     w = problem.initial_params().astype(np.float64)
     opt = FlatOptimizer(w, cfg.optimizer, cfg.lr, momentum=cfg.momentum)
     builder = MessageBuilder(scheme, problem)

@@ -36,10 +36,12 @@ def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = Fal
     import torch
 
     from .models import load_problem
+    from .problems import with_sampling
 
     torch.set_num_threads(cfg.threads)
-    return load_problem(cfg.dataset, cfg.model, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype,
-                        partitions=partitions, eval_train=cfg.eval_train, verify=verify)
+    return with_sampling(load_problem(cfg.dataset, cfg.model, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype,
+                                      partitions=partitions, eval_train=cfg.eval_train, verify=verify),
+                         cfg.fixed_minibatch)
 
 
 def out_dir(cfg: TrainConfig) -> Path:

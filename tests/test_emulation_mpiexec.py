@@ -47,3 +47,24 @@ def test_compute_time_must_be_positive():
     for bad in (0, -1.0, math.inf, "fast"):
         with pytest.raises(ConfigError, match="--compute-time must be a number > 0"):
             TrainConfig(compute_time=bad).validate(4)
+
+
+def test_fixed_minibatch_under_mpi_equals_its_replay(tmp_path):
+    """--fixed-minibatch: the authors' sampling (each partition's first minibatch, every time)."""
+    from pgc_mpi.datasets import load_digits
+    from pgc_mpi.models import TorchProblem
+    from pgc_mpi.problems import FirstMinibatch
+    from pgc_mpi.schemes import make_scheme
+    from pgc_mpi.sim import replay
+
+    out = tmp_path / "run"
+    proc = run_train(5, ["--scheme", "pgc-cr", "--steps", "8", "--dtype", "float64", "--batch-size", "16", "--lr",
+                         "0.5", "--seed", "2", "--record-params", "--eval-every", "100", "--fixed-minibatch",
+                         "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    problem = TorchProblem("logreg", load_digits(2), 4, 16, seed=2, dtype="float64")
+    got = np.load(out / "params.npy")
+    fixed = replay(make_scheme("pgc-cr", 4, 1, seed=2), FirstMinibatch(problem), steps_of(out), lr=0.5)
+    assert np.abs(got - np.stack(fixed)).max() < 1e-10
+    drawn = replay(make_scheme("pgc-cr", 4, 1, seed=2), problem, steps_of(out), lr=0.5)
+    assert np.abs(got - np.stack(drawn)).max() > 1e-6  # not the default sampling

@@ -259,3 +259,20 @@ def test_pgc_sim_reports_mean_and_spread_over_seeds(capsys):
     row = next(line for line in out.splitlines() if line.startswith("pgc-cr"))
     assert "3/3" in row and "±" in row
     assert sim_main(["--seeds", "0"]) == 2
+
+
+def test_fixed_minibatch_uses_each_partition_s_first_minibatch(lsq12):
+    from pgc_mpi.problems import FirstMinibatch, LeastSquares
+
+    problem = LeastSquares(12, samples=1200, batch_size=10)
+    fixed = FirstMinibatch(problem)
+    w = np.ones(problem.dim)
+    np.testing.assert_array_equal(fixed.grad(w, 3, 7), problem.grad(w, 3, 0))
+    assert not np.array_equal(problem.grad(w, 3, 7), problem.grad(w, 3, 0))
+    assert fixed.dim == problem.dim and fixed.optimum == problem.optimum
+    base = dict(scheme="pgc-cr", workers=12, steps=15, delay="exp:1.0", seed=1)
+    a = simulate(SimConfig(**base, fixed_minibatch=True), problem, record_params=True)
+    b = simulate(SimConfig(**base), fixed, record_params=True)  # the same as wrapping it yourself
+    c = simulate(SimConfig(**base), problem, record_params=True)
+    np.testing.assert_array_equal(a.params, b.params)
+    assert not np.array_equal(a.params, c.params)
