@@ -134,10 +134,11 @@ def draw_ratios(rows: list[dict], out: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = list(dict.fromkeys((r["delay"], r["s"]) for r in rows if r["s"] != "-"))
-    panels = panels or list(dict.fromkeys((r["delay"], "-") for r in rows))
-    fig, axes = plt.subplots(1, len(panels), figsize=(max(5, 3.6 * len(panels)), 4.2), squeeze=False)
-    for ax, (delay, s) in zip(axes[0], panels):
+    delays = list(dict.fromkeys(r["delay"] for r in rows))
+    all_s = sorted({r["s"] for r in rows if r["s"] != "-"}) or ["-"]
+    fig, axes = plt.subplots(len(delays), len(all_s), figsize=(max(5, 3.8 * len(all_s)), 3.6 * len(delays)),
+                             squeeze=False)
+    for ax, (delay, s) in zip(axes.flat, [(d, s) for d in delays for s in all_s]):  # a row per delay model
         chosen = [r for r in rows if r["delay"] == delay and r["s"] in (s, "-") and r["scheme"] != "dgd"]
         means = [r["time_vs_dgd"].mean for r in chosen]
         errors = [[m - r["time_vs_dgd"].low if r["time_vs_dgd"].k > 1 else 0 for m, r in zip(means, chosen)],
