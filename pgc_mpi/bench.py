@@ -49,7 +49,8 @@ from typing import Any, NamedTuple
 from .choices import BUILTIN_DATASETS, PEER_SCHEMES
 from .config import TrainConfig, tomllib
 from .errors import ConfigError, PgcError
-from .results import RunSummary, summarize_run
+from .metrics import read_metrics
+from .results import RunSummary, run_status, summarize_run
 from .schemes import SCHEME_NAMES
 from .stats import Interval, interval
 
@@ -349,11 +350,7 @@ def gather(exp: dict[str, Any], out: Path, todo: list[RunKey]) -> int:
 def _completed(run_dir: Path) -> bool:
     """Whether a run directory holds a finished run (its summary record says completed)."""
     path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return False
-    from .metrics import read_metrics
-
-    return any(r.get("event") == "summary" and r.get("status") == "completed" for r in read_metrics(path))
+    return path.is_file() and run_status(read_metrics(path)) == "completed"
 
 
 def main(argv: list[str] | None = None) -> int:

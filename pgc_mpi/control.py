@@ -28,6 +28,10 @@ class ControlSettings:
     target_loss: float | None = None
     checkpoint_every: int | None = None
 
+    def evaluation_due(self, step: int) -> bool:
+        """Whether the run evaluates after `step`: every `eval_every` steps and after the last."""
+        return (step + 1) % self.eval_every == 0 or step + 1 == self.steps
+
 
 @dataclass
 class RunControl:
@@ -78,11 +82,10 @@ class RunControl:
 
     def after_step(self, step: int, train_loss: float) -> bool:
         """Evaluate when due and apply the target-loss rule; returns True when the run should stop."""
-        every = self.settings.eval_every
-        self._recent_losses = [*self._recent_losses[-every + 1:], train_loss]
+        self._recent_losses = [*self._recent_losses[-self.settings.eval_every + 1:], train_loss]
         last = step + 1 == self.settings.steps
         stop = self.stop_signal(step + 1) and not last
-        if (step + 1) % every and not last and not stop:
+        if not self.settings.evaluation_due(step) and not stop:
             return False
         began = time.monotonic()
         metrics = self.evaluate()

@@ -56,7 +56,6 @@ import datetime
 import functools
 import hashlib
 import logging
-import math
 import os
 import socket
 import time
@@ -69,6 +68,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .collector import make_collector
 from .config import TrainConfig
+from .control import ControlSettings
 from .errors import PgcError
 from .master import RunTotals
 from .message import Message
@@ -78,6 +78,7 @@ from .optim import FlatOptimizer
 from .schemes import CodedScheme, make_scheme
 from .stragglers import DelayModel
 from .transport import PeerInbox, PeerReporter, barrier, duplicate_world
+from .worker import injected_delay, pad_compute
 
 log = logging.getLogger("pgc_mpi")
 
@@ -98,7 +99,7 @@ def booking_scheme(n: int, seed: int) -> CodedScheme:
 def evaluation_step(cfg: TrainConfig, step: int) -> bool:
     """Whether RunControl evaluates after `step` (every --eval-every steps and the last): the workers
     wait for rank 0's verdict after these steps."""
-    return (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps
+    return ControlSettings(cfg.steps, cfg.eval_every).evaluation_due(step)
 
 
 def _params_due(cfg: TrainConfig, step: int) -> bool:
@@ -140,17 +141,6 @@ def connect(comm, problem: TorchProblem) -> Peers:
     return Peers(link, store)
 
 
-def _sleep(seconds: float) -> float:
-    """Sleep like a slow node; a hang (math.inf) never wakes, as a real one would not."""
-    if seconds == math.inf:
-        log.warning("injected hang: this worker stops responding now")
-        while True:
-            time.sleep(3600)
-    if seconds > 0:
-        time.sleep(seconds)
-    return seconds
-
-
 @dataclass
 class _StepClock:
     """The communication hook's state for one step: when it began, how long the local gradient took
@@ -170,11 +160,8 @@ class _StepClock:
 
     def gradient_ready(self) -> None:
         """The local gradient is complete: emulate the compute floor, then sleep the injected delay."""
-        self.real_compute_time = time.perf_counter() - self.began
-        if self.floor is not None and self.real_compute_time < self.floor:
-            time.sleep(self.floor - self.real_compute_time)
-        self.compute_time = time.perf_counter() - self.began
-        self.slept = _sleep(self.delays.delay(self.worker, self.step))
+        self.compute_time, self.real_compute_time = pad_compute(self.began, 1, self.floor)
+        self.slept = injected_delay(self.delays.delay(self.worker, self.step))
 
 
 def _delayed_allreduce(clock, bucket):  # no annotations: DDP checks them, and here they would be strings

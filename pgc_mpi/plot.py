@@ -53,11 +53,6 @@ def _title(loaded: list[tuple]) -> str:
             f"seeds {seeds}")
 
 
-def _status(steps_and_events: list[dict]) -> str:
-    summary = next((r for r in steps_and_events if r.get("event") == "summary"), None)
-    return "running or killed" if summary is None else str(summary.get("status", "completed"))
-
-
 def draw(runs: list[Path], out: Path, target: float | None = None) -> list[Path]:
     """Draw the figures for these runs into `out` (`target`: a loss drawn as a line); returns the
     files written. Runs that did not complete are drawn too, marked with an x at their end."""
@@ -66,10 +61,8 @@ def draw(runs: list[Path], out: Path, target: float | None = None) -> list[Path]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .metrics import read_metrics
-
     out.mkdir(parents=True, exist_ok=True)
-    loaded = [(d.name, *load_run(d), _status(read_metrics(d / "metrics.jsonl"))) for d in runs]
+    loaded = [(d.name, *load_run(d)) for d in runs]
     all_s = sorted({c["config"].get("stragglers", 0) for _, c, *_ in loaded})
     title = _title(loaded) if loaded else ""
     written = []

@@ -37,13 +37,21 @@ class RunSummary:
         return asdict(self)
 
 
-def load_run(run_dir: Path) -> tuple[dict, list[dict], list[dict]]:
-    """(config, per-step records, eval records) of one run directory."""
+def load_run(run_dir: Path) -> tuple[dict, list[dict], list[dict], str]:
+    """(config, per-step records, eval records, how it ended: run_status) of one run directory."""
     import json
 
     config = json.loads((Path(run_dir) / "config.json").read_text())
     records = read_metrics(Path(run_dir) / "metrics.jsonl")
-    return config, [r for r in records if "event" not in r], [r for r in records if r.get("event") == "eval"]
+    return (config, [r for r in records if "event" not in r], [r for r in records if r.get("event") == "eval"],
+            run_status(records))
+
+
+def run_status(records: list[dict]) -> str:
+    """How a run ended, from its metrics records: its summary's status ("completed", "stopped by
+    SIGTERM", a divergence...), or "running or killed" when it has none."""
+    summary = next((r for r in reversed(records) if r.get("event") == "summary"), None)
+    return "running or killed" if summary is None else str(summary.get("status", "completed"))
 
 
 def curve(steps: list[dict], evals: list[dict]) -> tuple[list[int], list[float], list[float]]:
@@ -57,7 +65,7 @@ def curve(steps: list[dict], evals: list[dict]) -> tuple[list[int], list[float],
 
 def summarize_run(run_dir: Path, target_loss: float | None, dgd_median: float | None = None) -> RunSummary:
     """The figures of merit of one run; step_time_vs_dgd needs dgd's median step time of the same trace."""
-    config, steps, evals = load_run(run_dir)
+    config, steps, evals, _ = load_run(run_dir)
     cfg = config["config"]
     n = int(config["workers"])
     step_times = [r["step_time"] for r in steps]
@@ -88,7 +96,7 @@ def summarize_run(run_dir: Path, target_loss: float | None, dgd_median: float | 
 
 def realized_delays(run_dir: Path) -> list[tuple[int, int, float]]:
     """(worker, step, injected delay) of every message a run's master received: a replayable trace."""
-    _, steps, _ = load_run(run_dir)
+    _, steps, _, _ = load_run(run_dir)
     messages = [MessageRecord(*m) for r in steps for m in r.get("messages", [])]
     seen = {(m.worker, m.step): m.delay for m in messages if m.verdict != "rejected"}
     return [(w, s, d) for (w, s), d in sorted(seen.items())]

@@ -17,7 +17,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from .config import CORE_FIELDS, SimConfig
+from .config import CORE_FIELDS, SimConfig, TrainConfig
 from .errors import ConfigError
 from .metrics import MetricsWriter, write_json
 
@@ -32,7 +32,7 @@ def sim_config(options: dict[str, Any], workers: int) -> SimConfig:
         raise ConfigError("backend \"sim\" needs compute_time in [train]: the simulated seconds of one partition "
                           "gradient")
     values = {k: v for k, v in options.items() if k in CORE_FIELDS or k in SIM_OPTIONS}
-    values.setdefault("eval_every", 20)  # pgc-train's default
+    values.setdefault("eval_every", TrainConfig.eval_every)  # pgc-train's cadence, not the simulator's
     return SimConfig(**values, workers=workers)
 
 
@@ -42,8 +42,7 @@ def run_simulated(options: dict[str, Any], workers: int, out: Path) -> None:
     from .sim import simulate
 
     cfg = sim_config(options, workers)
-    defaults = {"dataset": "digits", "model": "logreg", "batch_size": 32, "dtype": "float32", "eval_train": True}
-    problem_options = {**defaults, **{k: v for k, v in options.items() if k in PROBLEM_OPTIONS}}
+    problem_options = {k: options.get(k, getattr(TrainConfig, k)) for k in PROBLEM_OPTIONS}  # pgc-train's defaults
     problem = load_problem(problem_options["dataset"], problem_options["model"], workers,
                            problem_options["batch_size"], seed=cfg.seed, dtype=problem_options["dtype"],
                            eval_train=problem_options["eval_train"])

@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,31 +32,36 @@ class WorkerSettings:
     compute_time: float | None = None
 
 
-def _sleep_until(until: float, link: WorkerTransport) -> None:
-    """Sleep until time.perf_counter() == until, or until the master asks to stop (whatever the
-    worker was waiting for would be discarded anyway)."""
-    while time.perf_counter() < until and not link.stop_requested():
+def _never() -> bool:
+    return False
+
+
+def _sleep_until(until: float, interrupted: Callable[[], bool]) -> None:
+    """Sleep until time.perf_counter() == until, or until `interrupted()` (the master asks to stop:
+    whatever the worker was waiting for would be discarded anyway)."""
+    while time.perf_counter() < until and not interrupted():
         time.sleep(min(0.01, max(0.0, until - time.perf_counter())))
 
 
-def _injected_delay(seconds: float, link: WorkerTransport) -> float:
-    """Sleep like a slow node. A hang never wakes (as a real one would not); a finite delay
-    ends early if the master asks to stop."""
+def injected_delay(seconds: float, interrupted: Callable[[], bool] = _never) -> float:
+    """Sleep like a slow node. A hang (math.inf) never wakes, as a real one would not; a finite
+    delay ends early once `interrupted()`. Returns the delay."""
     if seconds == math.inf:
         log.warning("injected hang: this worker stops responding now")
         while True:
             time.sleep(3600)
-    _sleep_until(time.perf_counter() + seconds, link)
+    _sleep_until(time.perf_counter() + seconds, interrupted)
     return seconds
 
 
-def _computed(began: float, gradients: int, settings: WorkerSettings, link: WorkerTransport) -> tuple[float, float]:
+def pad_compute(began: float, gradients: int, per_gradient: float | None,
+                interrupted: Callable[[], bool] = _never) -> tuple[float, float]:
     """(compute time, real compute time) of `gradients` gradients computed since `began`: with
-    --compute-time the worker first sleeps out the rest of gradients x compute_time, so ranks
-    sharing cores behave like nodes with a fixed compute cost per partition gradient."""
+    --compute-time (`per_gradient`) the worker first sleeps out the rest of gradients x
+    per_gradient, so ranks sharing cores behave like nodes with a fixed cost per partition gradient."""
     real = time.perf_counter() - began
-    if settings.compute_time is not None:
-        _sleep_until(began + gradients * settings.compute_time, link)
+    if per_gradient is not None:
+        _sleep_until(began + gradients * per_gradient, interrupted)
     return time.perf_counter() - began, real
 
 
@@ -87,7 +93,7 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
         for k in scheme.warmup_slots(worker, step):  # the pipeline's stale buffers, at this model
             buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(versions[k], k))[1]
             computed += 1
-        _computed(began, computed, settings, link)
+        pad_compute(began, computed, settings.compute_time, link.stop_requested)
     while step is not None:
         losses = []
         began = time.perf_counter()
@@ -97,9 +103,9 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
             versions[k] = step
             losses.append(loss)
         np.dot(coef, buffers, out=link.payload)
-        took, real = _computed(began, len(losses), settings, link)
+        took, real = pad_compute(began, len(losses), settings.compute_time, link.stop_requested)
         computed += len(losses)
-        slept = _injected_delay(delays.delay(worker, step), link)
+        slept = injected_delay(delays.delay(worker, step), link.stop_requested)
         Message(step, worker, tuple(versions), loss=float(np.mean(losses)), compute_time=took, delay=slept,
                 gradients=len(losses), real_compute_time=real).write(link.header)
         _send(link, settings.faults, worker, step)
@@ -120,8 +126,8 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
         part = scheme.placement[worker][slot]
         began = time.perf_counter()
         loss, link.payload[:] = problem.loss_and_grad(link.model, part, scheme.draw_index(count, slot))
-        took, real = _computed(began, 1, settings, link)
-        slept = _injected_delay(delays.delay(worker, version, attempts), link)
+        took, real = pad_compute(began, 1, settings.compute_time, link.stop_requested)
+        slept = injected_delay(delays.delay(worker, version, attempts), link.stop_requested)
         Message(version, worker, (version,), partition=part, loss=loss, compute_time=took,
                 delay=slept, real_compute_time=real).write(link.header)
         _send(link, settings.faults, worker, version)
