@@ -255,10 +255,7 @@ class WorkerTransport:
         """Send the gradient message in `header`/`payload`, politely waiting for completion.
         (`nbytes` other than the message size is for fault injection only.)"""
         buf = self._send_buf if nbytes is None else np.zeros(nbytes, dtype=np.uint8)
-        req = self.comm.Isend([buf, MPI.BYTE], dest=0, tag=TAG_GRAD)
-        backoff = Backoff(self.poll_interval)
-        while not req.Test():
-            backoff.sleep()
+        _wait([self.comm.Isend([buf, MPI.BYTE], dest=0, tag=TAG_GRAD)], self.poll_interval)
 
     def confirm_stop(self) -> None:
         """Tell the master this worker is done and will send nothing more."""
