@@ -6,6 +6,7 @@ Each test launches a bounded mpiexec job (MPIEXEC_TIMEOUT plus a subprocess time
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import subprocess
 import time
@@ -107,7 +108,9 @@ def test_pbs_trains(tmp_path):
                          "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     evals = events_of(tmp_path, "eval")
-    assert evals[-1]["train_loss"] < 0.7 * evals[0]["train_loss"] or evals[-1]["test_accuracy"] > 0.8
+    # it trained: an untrained 10-class model's loss is about ln 10 = 2.30; the loss after 60 steps varies
+    # with the arrival order (0.56-0.67 measured), so the bound leaves room for it
+    assert evals[-1]["train_loss"] < 0.5 * math.log(10) and evals[-1]["test_accuracy"] > 0.6
     steps = steps_of(tmp_path)
     assert all(r["max_staleness"] <= 2 and r["new_gradients"] >= 1 for r in steps)
     assert all(r["grad_norm_sq"] > 0 and "displacement" in r for r in steps)
