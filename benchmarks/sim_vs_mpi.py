@@ -24,7 +24,7 @@ import numpy as np
 from pgc_mpi.config import SimConfig
 from pgc_mpi.metrics import read_metrics
 from pgc_mpi.models import load_problem
-from pgc_mpi.sim import simulate
+from pgc_mpi.sim import SimResult, simulate
 
 
 def mpi_run(args: argparse.Namespace, scheme: str, seed: int, out: Path) -> tuple[list[dict], list[dict]]:
@@ -40,12 +40,12 @@ def mpi_run(args: argparse.Namespace, scheme: str, seed: int, out: Path) -> tupl
     return [r for r in records if "event" not in r], [r for r in records if r.get("event") == "eval"]
 
 
-def sim_run(args: argparse.Namespace, scheme: str, seed: int) -> list[dict]:
-    """The step records of the same run in the simulator."""
+def sim_run(args: argparse.Namespace, scheme: str, seed: int) -> SimResult:
+    """The same run in the simulator."""
     problem = load_problem(args.dataset, args.model, args.workers, args.batch_size, seed=seed)
     cfg = SimConfig(scheme=scheme, workers=args.workers, stragglers=args.s, steps=args.steps, lr=args.lr,
                     delay=args.delay, seed=seed, compute_time=args.compute_time, eval_every=args.eval_every)
-    return simulate(cfg, problem).records
+    return simulate(cfg, problem)
 
 
 def main() -> None:
@@ -74,10 +74,10 @@ def main() -> None:
                 steps, evals = mpi_run(args, scheme, seed, Path(tmp) / f"{scheme}-{seed}")
                 sim = sim_run(args, scheme, seed)
                 mpi_median = float(np.median([r["step_time"] for r in steps]))
-                sim_median = float(np.median([r["step_time"] for r in sim]))
+                sim_median = sim.median_step_time()
                 ratios.append(mpi_median / sim_median)
                 at = {e["step"]: e["train_loss"] for e in evals}
-                sim_at = {r["step"]: r["train_loss"] for r in sim if r["step"] in at}
+                sim_at = {e["step"]: e["train_loss"] for e in sim.evals if e["step"] in at}
                 losses = " / ".join(f"{at[k]:.4f}" for k in sorted(at))
                 sim_losses = " / ".join(f"{sim_at[k]:.4f}" for k in sorted(at) if k in sim_at)
                 print(f"| {scheme} | {seed} | {mpi_median:.4f} | {sim_median:.4f} | {mpi_median / sim_median:.3f} | "

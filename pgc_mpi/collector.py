@@ -15,7 +15,8 @@ record has one layout whoever wrote it.
 
 A payload may also be given lazily, as a callable that computes it (the simulator does): it is
 then called only if the message enters the gradient or the table, never for a late, over-stale,
-uncounted or unused one. The MPI master passes the received buffer itself.
+uncounted or unused one. The MPI master passes the received buffer itself. A message's minibatch
+loss may be lazy too (`offer(..., loss=callable)`): it is asked for only if the message is used.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .message import Message, MessageRecord
 from .schemes import CodedScheme, PbsScheme, staleness
 
 Payload = np.ndarray | Callable[[], np.ndarray]  # a message's vector, or a callable that computes it
+LazyLoss = Callable[[], float] | None  # a message's minibatch loss computed on demand (None: the message's own)
 
 
 def resolve(payload: Payload) -> np.ndarray:
@@ -78,7 +80,7 @@ class _Collector:
         self.late = 0
         self.rejected: list[int] = []  # over --max-staleness
         self.messages: list[MessageRecord] = []
-        self.losses: list[tuple[int, float]] = []  # (worker, minibatch loss) of each message accepted
+        self.losses: list[tuple[int, float | Callable[[], float]]] = []  # (worker, minibatch loss) of each accepted
         self.held: dict[int, Payload] = {}  # payloads kept for the decode: not to be overwritten before
         self.grad[...] = 0.0
 
@@ -110,7 +112,7 @@ class _Collector:
     def _train_loss(self, used: list[int]) -> float:
         """Mean minibatch loss of the messages that entered the update."""
         chosen = set(used)
-        losses = [loss for worker, loss in self.losses if worker in chosen]
+        losses = [loss() if callable(loss) else loss for worker, loss in self.losses if worker in chosen]
         return float(np.mean(losses)) if losses else math.nan
 
 
@@ -130,7 +132,7 @@ class CodedCollector(_Collector):
         self.summed: list[int] = []  # messages already added into grad (streaming decoders)
         self._tracker = self.scheme.tracker()
 
-    def offer(self, msg: Message, payload: Payload) -> str:
+    def offer(self, msg: Message, payload: Payload, loss: LazyLoss = None) -> str:
         """Record a message; returns 'accepted', 'late', 'stale', 'duplicate', 'unknown' or 'future'.
 
         Only 'accepted', 'late' and 'stale' are recorded; the others are the driver's to reject."""
@@ -149,15 +151,15 @@ class CodedCollector(_Collector):
             verdict = "stale"
         else:
             verdict = "accepted"
-            self._accept(msg, payload)
+            self._accept(msg, payload, loss)
         self.messages.append(msg.record(verdict))
         return verdict
 
-    def _accept(self, msg: Message, payload: Payload) -> None:
+    def _accept(self, msg: Message, payload: Payload, loss: LazyLoss) -> None:
         i = msg.worker
         self.arrived.append(i)
         self.versions[i] = list(msg.versions)
-        self.losses.append((i, msg.loss))
+        self.losses.append((i, msg.loss if loss is None else loss))
         self._tracker.add(i)
         if not self.scheme.streams:
             self.held[i] = payload
@@ -223,7 +225,7 @@ class TableCollector(_Collector):
         super().begin(step)
         self.changed: set[int] = set()  # partitions whose entry was replaced since the previous step
 
-    def offer(self, msg: Message, payload: Payload) -> str:
+    def offer(self, msg: Message, payload: Payload, loss: LazyLoss = None) -> str:
         """Offer a partition gradient to the table; returns 'used' (it replaced the entry),
         'stale' (older than the entry, or over --max-staleness), or 'unknown' (bad ids). A lazy
         payload is computed only when it replaces the entry."""
@@ -234,10 +236,10 @@ class TableCollector(_Collector):
             verdict = "stale"
         else:
             verdict = "used" if self.table.offer(msg.partition, msg.step, payload) else "stale"
-            if verdict == "used":
+            if verdict == "used":  # the step's loss is that of the gradients that entered the table
                 self.changed.add(msg.partition)
+                self.losses.append((msg.worker, msg.loss if loss is None else loss))
             self.arrived.append(msg.worker)
-            self.losses.append((msg.worker, msg.loss))
         self.messages.append(msg.record(verdict))
         return verdict
 

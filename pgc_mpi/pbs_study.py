@@ -18,6 +18,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from .errors import PgcError
 from .message import MessageRecord
 from .problems import Logistic
 from .stats import mean_sd, sign_test
+
+if TYPE_CHECKING:
+    from .sim import SimResult
 
 # the design's delays scaled to a simulated gradient of 1 s: log-normal jitter (mean 0.5 s), a 2%
 # chance per job of a 10-30 s stall, and 2 of the workers always 1 s slower (heterogeneous speeds)
@@ -42,6 +46,7 @@ class Run:
     steps_to_target: int | None
     wall_time: float  # of the whole run
     records: list[dict]
+    evals: list[dict]  # the validation metrics after every step (SimConfig's eval_every is 1)
     gradients: int  # received until the target (all of them when it was never reached)
     utilization: float
     max_age: int
@@ -50,7 +55,7 @@ class Run:
 
     def accuracy_at(self, when: float) -> float:
         """Validation accuracy after the last step finished by simulated time `when`."""
-        done = [r for r in self.records if r["wall_time"] <= when]
+        done = [r for r in self.evals if r["wall_time"] <= when]
         return done[-1]["val_accuracy"] if done else math.nan
 
 
@@ -66,15 +71,16 @@ def configs(args: argparse.Namespace, seed: int) -> dict[str, SimConfig]:
     return out
 
 
-def reduce(label: str, seed: int, records: list[dict], target: float, workers: int) -> Run:
+def reduce(label: str, seed: int, res: SimResult, target: float, workers: int) -> Run:
     """A simulated run's records as the study's figures."""
-    hit = next((r for r in records if r["val_loss"] <= target), None)
+    records = res.records
+    hit = next((r for r in res.evals if r["val_loss"] <= target), None)
     until = records[: hit["step"] + 1] if hit else records
     gradients = sum(MessageRecord._make(m).gradients for r in until for m in r["messages"])
     busy = until[-1]["wall_time"] if until else math.nan
     probes = [r for r in records if "error_bound" in r and r["grad_norm_sq"] > 0]
     return Run(label, seed, hit["wall_time"] if hit else math.inf, hit["step"] + 1 if hit else None,
-               records[-1]["wall_time"] if records else math.nan, records,
+               records[-1]["wall_time"] if records else math.nan, records, res.evals,
                gradients, gradients * 1.0 / (workers * busy) if busy > 0 else math.nan,
                max((r["max_staleness"] for r in records), default=0),
                float(np.mean([r["error_bound"] / r["grad_norm_sq"] for r in probes])) if probes else math.nan,
@@ -92,7 +98,7 @@ def study(args: argparse.Namespace) -> dict[str, list[Run]]:
             res = simulate(cfg, problem)
             if res.stalled:
                 raise PgcError(f"{label}, seed {seed}: {res.stalled}")
-            runs.setdefault(label, []).append(reduce(label, seed, res.records, args.target_val_loss, args.workers))
+            runs.setdefault(label, []).append(reduce(label, seed, res, args.target_val_loss, args.workers))
             print(f"seed {seed} {label}: {len(res.records)} steps", file=sys.stderr)
     return runs
 

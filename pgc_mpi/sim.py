@@ -10,8 +10,10 @@ model's delay for (worker, t); messages and the master's own work take no simula
 Every gradient is really computed, through the Problem protocol (a synthetic convex problem or
 a torch model on a data set, models.TorchProblem), at the model version the scheme prescribes,
 and only when the master uses it: a message's payload is handed to the collector as a callable
-(collector.resolve), so late, over-stale and uncounted messages cost no gradient. The problem
-is evaluated every `eval_every` steps and after the last one.
+(collector.resolve), so late, over-stale and uncounted messages cost no gradient. A step record's
+`train_loss` is, as in the MPI runtime, the mean minibatch loss of the messages the master used
+(the "decoded" training loss); the problem itself is evaluated every `eval_every` steps and after
+the last one, into separate evaluation records (SimResult.evals), as pgc-train's eval events.
 """
 
 from __future__ import annotations
@@ -36,26 +38,27 @@ from .stragglers import DelayModel
 
 @dataclass
 class SimResult:
-    """Per-step records, the final parameters and, if asked for, every step's parameters.
+    """Per-step records, evaluations, the final parameters and, if asked for, every step's parameters.
 
-    Only the records of evaluated steps carry the problem's metrics (`gap`, `train_loss`,
-    `test_loss`, ...); `loss_key` names the loss a target loss is checked against."""
+    `evals` holds one record per evaluation: its step, simulated wall time and the problem's
+    metrics (`gap`, `train_loss`, `test_loss`, ...); `loss_key` names the loss a target loss is
+    checked against."""
 
     config: SimConfig
     records: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
     params: np.ndarray | None = None
     trajectory: list[np.ndarray] = field(default_factory=list)
     stalled: str | None = None
     loss_key: str = "train_loss"
 
     def first_below(self, key: str, threshold: float) -> dict | None:
-        """The first record whose `key` is <= threshold (None if never); records without a value
-        for it (steps not evaluated: the key is missing, or NaN) never count."""
-        return next((r for r in self.records if r.get(key, math.inf) <= threshold), None)
+        """The first evaluation whose `key` is <= threshold (None if never; NaN never counts)."""
+        return next((r for r in self.evals if r.get(key, math.inf) <= threshold), None)
 
     def final(self, key: str) -> float:
-        """The last value of `key` in the records (NaN if none has one): the last evaluation's."""
-        return next((r[key] for r in reversed(self.records) if not math.isnan(r.get(key, math.nan))), math.nan)
+        """The last evaluation's value of `key` (NaN if no evaluation has one)."""
+        return next((r[key] for r in reversed(self.evals) if not math.isnan(r.get(key, math.nan))), math.nan)
 
     def median_step_time(self) -> float:
         """Median simulated time per step."""
@@ -66,25 +69,39 @@ class MessageBuilder:
     """Builds the gradients and coded messages a worker would have sent, from their versions.
 
     A buffer of version v for slot k is the gradient of partition placement[i][k] at the model
-    of step max(v, 0) on minibatch draw_index(v, k). Gradients are cached by (partition,
-    version, draw) because the c holders of a partition often compute the very same one.
+    of step max(v, 0) on minibatch draw_index(v, k). Gradients and their minibatch losses are
+    cached by (partition, version, draw) because the c holders of a partition often compute the
+    very same one.
     """
 
     def __init__(self, scheme: CodedScheme | PbsScheme, problem: Problem):
         self.scheme, self.problem = scheme, problem
         self.models: dict[int, np.ndarray] = {}
-        self._cache: dict[tuple[int, int, int], np.ndarray] = {}
+        self._cache: dict[tuple[int, int, int], tuple[float, np.ndarray]] = {}
 
     def add_model(self, version: int, w: np.ndarray) -> None:
         """Keep the parameters of model `version` for gradients computed at it."""
         self.models[version] = w.copy()
 
-    def gradient(self, partition: int, version: int, draw: int) -> np.ndarray:
-        """The minibatch gradient of `partition` at model `version` (warm-up versions < 0: model 0)."""
+    def _computed(self, partition: int, version: int, draw: int) -> tuple[float, np.ndarray]:
         key = (partition, version, draw)
         if key not in self._cache:
-            self._cache[key] = self.problem.grad(self.models[max(version, 0)], partition, draw)
+            self._cache[key] = self.problem.loss_and_grad(self.models[max(version, 0)], partition, draw)
         return self._cache[key]
+
+    def gradient(self, partition: int, version: int, draw: int) -> np.ndarray:
+        """The minibatch gradient of `partition` at model `version` (warm-up versions < 0: model 0)."""
+        return self._computed(partition, version, draw)[1]
+
+    def loss(self, partition: int, version: int, draw: int) -> float:
+        """That minibatch's loss (the gradient's companion: computed, and cached, together)."""
+        return self._computed(partition, version, draw)[0]
+
+    def message_loss(self, worker: int, version: int, slots: tuple[int, ...]) -> float:
+        """The loss a worker reports with its message for step `version`: the mean minibatch loss
+        of the slots it computed fresh for that step (as worker.py does; catch-up slots excluded)."""
+        parts = self.scheme.placement[worker]
+        return float(np.mean([self.loss(parts[k], version, self.scheme.draw_index(version, k)) for k in slots]))
 
     def message(self, worker: int, versions: list[int]) -> np.ndarray:
         """Worker's coded message m_i = sum_k B[i, placement[i][k]] * buffer_k."""
@@ -156,24 +173,28 @@ class SimWorkers:
         """When the next job ends (inf when none will)."""
         return self._events[0][0] if self._events else math.inf
 
-    def finish(self) -> tuple[float, Message, Callable[[], np.ndarray]]:
-        """End the next job: (time, its message, its payload as a callable that computes it: the
-        collector calls it only if it uses the message)."""
+    def finish(self) -> tuple[float, Message, Callable[[], np.ndarray], Callable[[], float]]:
+        """End the next job: (time, its message, its payload and its minibatch loss as callables
+        that compute them: the collector calls them only if it uses the message)."""
         at, worker, version, count, delay = heapq.heappop(self._events)
         self.busy[worker] = False
         if self.table:
             slot = self.scheme.fresh_slots(count, worker)[0]
             part = self.scheme.placement[worker][slot]
-            payload = partial(self.builder.gradient, part, version, self.scheme.draw_index(count, slot))
-            return at, Message(version, worker, (version,), partition=part, delay=delay,
-                               compute_time=self.cfg.compute_time), payload
+            draw = self.scheme.draw_index(count, slot)
+            return (at, Message(version, worker, (version,), partition=part, delay=delay,
+                                compute_time=self.cfg.compute_time),
+                    partial(self.builder.gradient, part, version, draw),
+                    partial(self.builder.loss, part, version, draw))
         computed = self.slots[worker]
         for k in computed:
             self.versions[worker][k] = version
         msg = Message(version, worker, tuple(self.versions[worker]), delay=delay, gradients=len(computed),
                       compute_time=self.cfg.compute_time * len(computed))
+        fresh = self.scheme.fresh_slots(version, worker)
         # the versions as they are now: the worker's list changes with its next job
-        return at, msg, partial(self.builder.message, worker, list(msg.versions))
+        return (at, msg, partial(self.builder.message, worker, list(msg.versions)),
+                partial(self.builder.message_loss, worker, version, fresh))
 
     def can_refresh(self, partitions: list[int]) -> bool:
         """Whether every one of `partitions` has a holder that has not hung (pbs workers never
@@ -195,7 +216,7 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
     """Run one scheme on `problem` under the straggler model; deterministic for a given cfg.
 
     The problem is evaluated after every cfg.eval_every-th step and after the last one (also
-    when the run stalls or stops at its target); only those steps' records carry its metrics."""
+    when the run stalls or stops at its target), into result.evals."""
     scheme = cfg.make_scheme(cfg.workers)
     problem = with_sampling(problem, cfg.fixed_minibatch)
     w = problem.initial_params().astype(np.float64)
@@ -223,14 +244,15 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
                               f"(still waiting for {collector.waits_on} {collector.waiting_for()})")
             break
         extra = {} if diagnostics is None else diagnostics.observe(t, collector.table, opt.grad, opt)
+        # the record before the old models go: its loss is that of the used messages' minibatches
+        record = {"step": t, "wall_time": now, "step_time": now - began, "decode_time": 0.0,
+                  "bytes_received": received * nbytes, **collector.record(dec, missed), **extra}
+        result.records.append(record)
         opt.step()
         builder.add_model(t + 1, w)
         builder.forget_before(workers.oldest_version())
         evaluated = (t + 1) % cfg.eval_every == 0 or t == cfg.steps - 1
-        metrics = _evaluate(problem, w, result) if evaluated else {}
-        record = {"step": t, "wall_time": now, "step_time": now - began, "decode_time": 0.0,
-                  "bytes_received": received * nbytes, **collector.record(dec, missed), **extra, **metrics}
-        result.records.append(record)
+        metrics = _evaluate(problem, w, result, t, now) if evaluated else {}
         if record_params:
             result.trajectory.append(w.copy())
         if progress is not None:
@@ -238,7 +260,7 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
         if _reached(cfg, metrics):
             break
     if result.records and not evaluated:  # stalled between two evaluations: evaluate where it stopped
-        result.records[-1].update(_evaluate(problem, w, result))
+        _evaluate(problem, w, result, result.records[-1]["step"], result.records[-1]["wall_time"])
     result.params = w
     return result
 
@@ -249,9 +271,11 @@ def loss_key(metrics: Mapping[str, float]) -> str:
     return "train_loss" if "train_loss" in metrics else "test_loss"
 
 
-def _evaluate(problem: Problem, w: np.ndarray, result: SimResult) -> dict[str, float]:
+def _evaluate(problem: Problem, w: np.ndarray, result: SimResult, step: int, at: float) -> dict[str, float]:
+    """Evaluate the parameters after `step` (at simulated time `at`) into result.evals."""
     metrics = problem.evaluate(w)
     result.loss_key = loss_key(metrics)
+    result.evals.append({"step": step, "wall_time": at, **metrics})
     return metrics
 
 
@@ -298,8 +322,8 @@ def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers, no
     Returns how many messages arrived."""
     batch = []
     while workers.next_time() <= now:
-        at, msg, payload = workers.finish()
-        collector.offer(msg, payload)
+        at, msg, payload, loss = workers.finish()
+        collector.offer(msg, payload, loss)
         batch.append(msg)
     if not collector.ready():
         for msg in batch:

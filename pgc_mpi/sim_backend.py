@@ -51,16 +51,14 @@ def run_simulated(options: dict[str, Any], workers: int, out: Path) -> None:
                                      "backend": "sim", **cfg.scheme_shape(scheme), "parameters": problem.dim})
     result = simulate(cfg, problem)
     metrics = MetricsWriter(out)
+    evals = {e["step"]: e for e in result.evals}
     try:
         for record in result.records:
             metrics.write(record)
-            if "test_loss" in record:  # the simulator evaluated after this step
-                metrics.write({"event": "eval", "step": record["step"],
-                               **{k: record[k] for k in _EVAL_KEYS if k in record}})
+            if record["step"] in evals:  # the simulator evaluated after this step
+                metrics.write({"event": "eval", **{k: v for k, v in evals[record["step"]].items() if k != "wall_time"}})
         metrics.write({"event": "summary", "status": "stalled: " + result.stalled if result.stalled else "completed",
                        "steps": len(result.records), "backend": "sim"})
     finally:
         metrics.close()
 
-
-_EVAL_KEYS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")

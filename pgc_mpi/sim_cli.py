@@ -295,13 +295,18 @@ def run_all(configs: dict[str, SimConfig], problem: ProblemChoice, first_seed: i
 
 
 def write_records(path: Path, results: dict[str, list[SimResult]]) -> None:
-    """Every run's step records as JSON lines, each with its scheme and seed."""
+    """Every run's step records and evaluations (marked "event": "eval", as in pgc-train's metrics)
+    as JSON lines, each with its scheme and seed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:
         for name, runs in results.items():
             for res in runs:
+                evals = {e["step"]: e for e in res.evals}
                 for rec in res.records:
                     fh.write(json.dumps({"scheme": name, "seed": res.config.seed, **rec}) + "\n")
+                    if rec["step"] in evals:
+                        fh.write(json.dumps({"scheme": name, "seed": res.config.seed, "event": "eval",
+                                             **evals[rec["step"]]}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,13 +24,13 @@ def test_exact_schemes_reach_the_least_squares_optimum(lsq12, scheme):
     cfg = SimConfig(scheme=scheme, workers=12, stragglers=2, steps=400, lr=0.3, delay="exp:1.0", seed=1)
     res = simulate(cfg, lsq12)
     assert res.stalled is None
-    assert res.records[-1]["gap"] < 1e-8
+    assert res.evals[-1]["gap"] < 1e-8
 
 
 def test_pgc_cr_reaches_a_small_floor_but_not_zero(lsq12):
     cfg = SimConfig(scheme="pgc-cr", workers=12, stragglers=2, steps=400, lr=0.3, delay="exp:1.0", seed=1)
     res = simulate(cfg, lsq12)
-    gaps = [r["gap"] for r in res.records]
+    gaps = [e["gap"] for e in res.evals]
     assert gaps[-1] < 1e-3 * gaps[0]
     assert min(gaps[-50:]) > 0  # relaxed decoding is biased per step: a floor, not the optimum
 
@@ -133,7 +133,7 @@ def test_replay_reproduces_the_simulated_trajectory(lsq12):
 def test_minibatches_and_logistic_converge():
     prob = Logistic(8, samples=800, dim=5, batch_size=20, seed=1)
     res = simulate(SimConfig(scheme="pgc-fr", workers=8, stragglers=1, steps=300, lr=0.5, delay="exp:0.5"), prob)
-    assert res.records[-1]["gap"] < 0.05 * res.records[0]["gap"]
+    assert res.evals[-1]["gap"] < 0.05 * res.evals[0]["gap"]
 
 
 def test_thousand_workers_run(lsq12):

@@ -4,6 +4,7 @@ payloads, replay, and the options that choose the problem."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -26,7 +27,8 @@ def digits6() -> TorchProblem:
 
 
 class CountingProblem:
-    """A problem that counts its gradient computations (everything else is the wrapped problem's)."""
+    """A problem that counts its gradient computations (loss_and_grad, the simulator's one call);
+    everything else is the wrapped problem's."""
 
     def __init__(self, problem: TorchProblem):
         self.problem, self.calls = problem, 0
@@ -34,9 +36,9 @@ class CountingProblem:
     def __getattr__(self, name: str):
         return getattr(self.problem, name)
 
-    def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
+    def loss_and_grad(self, w: np.ndarray, partition: int, draw: int) -> tuple[float, np.ndarray]:
         self.calls += 1
-        return self.problem.grad(w, partition, draw)
+        return self.problem.loss_and_grad(w, partition, draw)
 
 
 def test_pgc_sim_runs_a_torch_model_to_a_target_loss_deterministically(capsys, tmp_path):
@@ -50,20 +52,31 @@ def test_pgc_sim_runs_a_torch_model_to_a_target_loss_deterministically(capsys, t
     assert "steps to loss" in columns and "time to loss" in columns and "test acc" in columns
     assert len(rows) == 3 and all(" 1/1 " in row for row in rows)
     records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
-    evaluated = [r["step"] for r in records if r["scheme"] == "pgc-cr" and "test_loss" in r]
+    evaluated = [r["step"] for r in records if r["scheme"] == "pgc-cr" and r.get("event") == "eval"]
     assert evaluated == [4, 9, 14, 19, 24, 29]  # every 5 steps; the last step is one of them
     steps_to_loss = float(rows[1].split()[2])
     assert steps_to_loss % 5 == 0  # a target can only be seen at an evaluation
 
 
-def test_records_carry_metrics_only_on_evaluated_steps(digits6):
+def test_evaluations_are_records_of_their_own_and_steps_carry_the_decoded_loss(digits6):
+    """As in pgc-train's metrics: every step record's train_loss is the mean minibatch loss of the
+    messages the master used; the full-set evaluations (every eval_every steps and after the
+    last) are separate records, and the target is checked on them only."""
     cfg = SimConfig(scheme="pgc-cr", workers=6, stragglers=1, steps=10, delay="exp:1.0", seed=3, eval_every=4)
     res = simulate(cfg, digits6)
-    assert [r["step"] for r in res.records if "test_loss" in r] == [3, 7, 9]  # and after the last step
-    assert res.loss_key == "train_loss" and np.isnan(res.records[0]["train_loss"])  # no minibatch losses
-    target = res.records[7]["train_loss"]
+    assert [e["step"] for e in res.evals] == [3, 7, 9]  # and after the last step
+    assert [e["wall_time"] for e in res.evals] == [res.records[k]["wall_time"] for k in (3, 7, 9)]
+    assert all("test_loss" not in r and math.isfinite(r["train_loss"]) for r in res.records)
+    step = res.records[5]  # its loss is the mean of the used messages' fresh minibatch losses
+    scheme = cfg.make_scheme(6)
+    w5 = simulate(SimConfig(**{**cfg.__dict__, "steps": 5}), digits6).params
+    expected = [np.mean([digits6.loss_and_grad(w5, scheme.placement[i][k], scheme.draw_index(5, k))[0]
+                         for k in scheme.fresh_slots(5, i)]) for i in step["used"]]
+    assert step["train_loss"] == pytest.approx(float(np.mean(expected)), rel=1e-12)
+    assert res.loss_key == "train_loss"
+    target = res.evals[1]["train_loss"]
     assert res.first_below("train_loss", target)["step"] in (3, 7)  # never a step without an evaluation
-    assert res.final("train_loss") == res.records[9]["train_loss"]
+    assert res.final("train_loss") == res.evals[-1]["train_loss"]
     stopped = simulate(SimConfig(**{**cfg.__dict__, "target_loss": target}), digits6)
     assert stopped.records[-1]["step"] == res.first_below("train_loss", target)["step"]
 
@@ -72,7 +85,7 @@ def test_a_stalled_run_is_evaluated_where_it_stopped(digits6):
     cfg = SimConfig(scheme="dgd", workers=6, stragglers=1, steps=20, delay="hang:2@5", eval_every=4)
     res = simulate(cfg, digits6)
     assert res.stalled is not None and len(res.records) == 5
-    assert [r["step"] for r in res.records if "test_loss" in r] == [3, 4]
+    assert [e["step"] for e in res.evals] == [3, 4]
 
 
 def test_without_the_training_split_the_target_is_the_test_loss(capsys):
@@ -85,9 +98,9 @@ def test_without_the_training_split_the_target_is_the_test_loss(capsys):
 def _eager(finish):
     """SimWorkers.finish computing every payload at once, as the simulator did before."""
     def finish_eagerly(self):
-        at, msg, payload = finish(self)
+        at, msg, payload, loss = finish(self)
         value = payload()
-        return at, msg, lambda: value
+        return at, msg, lambda: value, loss
     return finish_eagerly
 
 
@@ -111,8 +124,8 @@ def test_late_messages_cost_no_gradient(digits6, scheme, monkeypatch):
     eager = CountingProblem(digits6)
     again = simulate(cfg, eager)
     assert eager.calls > problem.calls  # the same run, but the late messages' gradients computed too
-    assert [r["train_loss"] for r in again.records if "test_loss" in r] == \
-        [r["train_loss"] for r in res.records if "test_loss" in r]
+    assert again.evals == res.evals and [r["train_loss"] for r in again.records] == \
+        [r["train_loss"] for r in res.records]
 
 
 @pytest.mark.parametrize("scheme", ["pgc-cr", "gc-cr"])
