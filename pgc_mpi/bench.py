@@ -50,7 +50,7 @@ from .choices import BUILTIN_DATASETS, PEER_SCHEMES
 from .config import TrainConfig, tomllib
 from .errors import ConfigError, PgcError
 from .metrics import read_metrics
-from .results import RunSummary, run_status, summarize_run
+from .results import PAPER_RUN, RunSummary, run_status, summarize_run
 from .schemes import SCHEME_NAMES
 from .stats import Interval, interval
 
@@ -203,7 +203,12 @@ def run_one(exp: dict[str, Any], key: RunKey, out: Path) -> tuple[int, float]:
 
 
 SUMMARY_KEYS = ("time_to_target", "steps_to_target", "median_step_time", "step_time_vs_dgd", "time_vs_dgd",
-                "final_test_accuracy", "utilization", "wasted_gradients", "bytes_per_step", "max_staleness")
+                "steps_vs_dgd", "final_test_accuracy", "utilization", "wasted_gradients", "bytes_per_step",
+                "max_staleness", "steps_to_target_decoded", "time_to_target_decoded", "steps_vs_dgd_decoded",
+                "time_vs_dgd_decoded")
+# paired ratios to dgd: each of these is the run's figure over dgd's with the same seed and delay model
+RATIOS = {"time_vs_dgd": "time_to_target", "steps_vs_dgd": "steps_to_target",
+          "time_vs_dgd_decoded": "time_to_target_decoded", "steps_vs_dgd_decoded": "steps_to_target_decoded"}
 
 
 def _simulate_one(exp: dict[str, Any], key: RunKey, out: Path) -> tuple[int, float]:
@@ -231,6 +236,7 @@ def aggregate(rows: list[RunSummary]) -> list[dict[str, Any]]:
     for (delay, scheme, s), runs in groups.items():
         row: dict[str, Any] = {"delay": delay, "scheme": scheme, "s": "-" if scheme in S_FREE else s,
                                "runs": len(runs), "reached": sum(r.time_to_target is not None for r in runs),
+                               "reached_decoded": sum(r.time_to_target_decoded is not None for r in runs),
                                "seeds": [r.seed for r in runs]}
         for key in SUMMARY_KEYS:
             row[key] = interval([_figure(r, key, dgd.get((r.delay, r.seed))) for r in runs])
@@ -240,9 +246,9 @@ def aggregate(rows: list[RunSummary]) -> list[dict[str, Any]]:
 
 def _figure(r: RunSummary, key: str, dgd: RunSummary | None) -> float:
     """One run's value of a summary figure (nan when it has none, e.g. the target never reached)."""
-    if key == "time_vs_dgd":
-        ok = dgd is not None and r.time_to_target is not None and dgd.time_to_target
-        return r.time_to_target / dgd.time_to_target if ok else math.nan
+    if key in RATIOS:
+        mine, base = getattr(r, RATIOS[key]), getattr(dgd, RATIOS[key]) if dgd is not None else None
+        return mine / base if mine is not None and base else math.nan
     value = getattr(r, key)
     return math.nan if value is None else float(value)
 
@@ -302,6 +308,24 @@ def markdown_table(rows: list[dict[str, Any]], has_target: bool = True) -> str:
     return "\n".join(out)
 
 
+def stopping_rules_table(rows: list[dict[str, Any]]) -> str:
+    """Steps to target under both stopping rules, with their paired ratios to dgd: the full
+    training loss at an evaluation, and the paper's rule (the decoded training loss at or below
+    the target for 3 consecutive steps), as Markdown, one table per delay model."""
+    head = ["scheme", "s", "reached (full)", "steps (full)", "steps vs dgd (full)", "reached (decoded)",
+            "steps (decoded)", "steps vs dgd (decoded)", "time vs dgd (decoded)"]
+    out = []
+    for delay in dict.fromkeys(r["delay"] for r in rows):
+        out += [f"### delay {delay}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in (r for r in rows if r["delay"] == delay):
+            out.append("| " + " | ".join([
+                r["scheme"], str(r["s"]), f"{r['reached']}/{r['runs']}", str(r["steps_to_target"]),
+                str(r["steps_vs_dgd"]), f"{r['reached_decoded']}/{r['runs']}", str(r["steps_to_target_decoded"]),
+                str(r["steps_vs_dgd_decoded"]), str(r["time_vs_dgd_decoded"])]) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def run_dir_of(out: Path, exp: dict[str, Any], key: RunKey) -> Path:
     """Where one run's outputs go."""
     delay = f"-d{key.delay}" if exp["delay_axis"] else ""
@@ -334,6 +358,10 @@ def gather(exp: dict[str, Any], out: Path, todo: list[RunKey]) -> int:
             f"model; {decisions}; options {exp['train']}\n\n{table}\n")
     if target is not None:
         text += "\n## Who reaches the target first\n\n" + "\n".join(winners(aggregated, rows)) + "\n"
+        text += ("\n## Steps to target under both stopping rules\n\nfull: the full training loss at an evaluation "
+                 f"(every {train.get('eval_every', TrainConfig.eval_every)} steps) at or below the target; decoded "
+                 "(the paper's rule): each step's mean minibatch loss over the messages the master used at or below "
+                 f"the target for {PAPER_RUN} consecutive steps\n\n" + stopping_rules_table(aggregated) + "\n")
     (out / "results.md").write_text(text)
     print(text)
     from .plot import draw, draw_ratios

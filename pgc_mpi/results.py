@@ -1,4 +1,10 @@
-"""What a run's metrics.jsonl says, reduced to the numbers a scheme comparison is made of."""
+"""What a run's metrics.jsonl says, reduced to the numbers a scheme comparison is made of.
+
+Two stopping rules tell when a run reached a target loss: the full training loss at an
+evaluation (`curve`; the project's rule), and the paper's rule (`first_sustained`): the decoded
+training loss, i.e. a step's mean minibatch loss over the messages the master used, at or below
+the target for 3 consecutive steps.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ class RunSummary:
     step_time_vs_dgd: float | None
     steps_to_target: int | None
     time_to_target: float | None
+    steps_to_target_decoded: int | None  # the paper's rule (first_sustained)
+    time_to_target_decoded: float | None
     final_test_accuracy: float | None
     utilization: float
     wasted_gradients: int
@@ -63,6 +71,21 @@ def curve(steps: list[dict], evals: list[dict]) -> tuple[list[int], list[float],
     return [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
 
 
+PAPER_RUN = 3  # the paper's rule: this many consecutive logged steps at or below the threshold
+
+
+def first_sustained(steps: list[dict], threshold: float, run: int = PAPER_RUN, key: str = "train_loss") -> dict | None:
+    """The step record at which `key` (the decoded training loss) has been <= threshold for `run`
+    consecutive steps: where the paper's rule stops the run (None if it never does; a step with
+    no value, NaN, breaks the run of steps)."""
+    count = 0
+    for record in steps:
+        count = count + 1 if record.get(key, math.inf) <= threshold else 0
+        if count == run:
+            return record
+    return None
+
+
 def summarize_run(run_dir: Path, target_loss: float | None, dgd_median: float | None = None) -> RunSummary:
     """The figures of merit of one run; step_time_vs_dgd needs dgd's median step time of the same trace."""
     config, steps, evals, _ = load_run(run_dir)
@@ -76,6 +99,7 @@ def summarize_run(run_dir: Path, target_loss: float | None, dgd_median: float | 
             if loss <= target_loss:
                 hit_step, hit_time = step + 1, wall
                 break
+    decoded = first_sustained(steps, target_loss) if target_loss is not None else None
     messages = [MessageRecord(*m) for r in steps for m in r.get("messages", [])]
     compute = sum(m.compute_time for m in messages if m.verdict != "rejected")
     wall_total = steps[-1]["wall_time"] if steps else math.nan
@@ -86,7 +110,9 @@ def summarize_run(run_dir: Path, target_loss: float | None, dgd_median: float | 
         seed=int(cfg["seed"]),
         steps=len(steps), median_step_time=median,
         step_time_vs_dgd=median / dgd_median if dgd_median else None,
-        steps_to_target=hit_step, time_to_target=hit_time, final_test_accuracy=final,
+        steps_to_target=hit_step, time_to_target=hit_time,
+        steps_to_target_decoded=decoded["step"] + 1 if decoded else None,
+        time_to_target_decoded=decoded["wall_time"] if decoded else None, final_test_accuracy=final,
         utilization=compute / (n * wall_total) if wall_total and wall_total > 0 else math.nan,
         wasted_gradients=int(sum(m.gradients for m in messages if m.verdict != "used")),
         bytes_per_step=steps[-1]["bytes_received"] / len(steps) if steps else math.nan,

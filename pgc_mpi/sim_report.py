@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .message import MessageRecord
+from .results import PAPER_RUN, first_sustained
 
 if TYPE_CHECKING:
     from .sim import SimResult
@@ -53,10 +54,12 @@ def _per_seed(res: SimResult, target: Target, dgd: SimResult | None) -> dict:
     key = target.key(res)
     hit = res.first_below(key, target.value) if target.value is not None else None
     records = res.records
+    decoded = first_sustained(records, target.value) if target.kind == "loss" and target.value is not None else None
     gradients = sum(MessageRecord._make(m).gradients for r in records for m in r["messages"])
     return {
         "steps_to_target": hit["step"] + 1 if hit else None,
         "time_to_target": hit["wall_time"] if hit else None,
+        "steps_to_target_decoded": decoded["step"] + 1 if decoded else None,
         "median_step_time": res.median_step_time(),
         "step_time_vs_dgd": res.median_step_time() / dgd.median_step_time() if dgd is not None else math.nan,
         "final": res.final(key),
@@ -80,8 +83,9 @@ def summarize(results: dict[str, list[SimResult]], target: Target) -> list[dict]
         row: dict = {"scheme": name, "seeds": len(seeds), "reached": reached,
                      "max_staleness": max(r["max_staleness"] for r in seeds),
                      "stalled": next((r["stalled"] for r in seeds if r["stalled"]), None)}
-        for key in ("steps_to_target", "time_to_target", "median_step_time", "step_time_vs_dgd", "final",
-                    "final_accuracy", "late_messages", "stale_rejected", "gradients_per_step"):
+        for key in ("steps_to_target", "time_to_target", "steps_to_target_decoded", "median_step_time",
+                    "step_time_vs_dgd", "final", "final_accuracy", "late_messages", "stale_rejected",
+                    "gradients_per_step"):
             values = [r[key] for r in seeds if r[key] is not None]
             row[key] = float(np.mean(values)) if values else None
             row[key + "_sd"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
@@ -104,6 +108,7 @@ def _cells(r: dict, target: Target, accuracy: bool) -> list[str]:
         r["scheme"],
         f"{r['reached']}/{r['seeds']}" if target.value is not None else "-",
         _spread(r, "steps_to_target", ".1f"),
+        *([_spread(r, "steps_to_target_decoded", ".1f")] if target.kind == "loss" else []),
         _spread(r, "time_to_target", ".1f"),
         _spread(r, "median_step_time", ".3f"),
         _spread(r, "step_time_vs_dgd", ".2f"),
@@ -125,14 +130,17 @@ def format_table(rows: list[dict], target: Target, key: str, fr_decode: str = "c
     final test accuracies is added when the evaluations report one (torch classifiers)."""
     word = target.kind
     accuracy = any(r["final_accuracy"] is not None and not math.isnan(r["final_accuracy"]) for r in rows)
-    head = ["scheme", "reached", f"steps to {word}", f"time to {word}", "median step", "vs dgd", f"final {word}",
+    head = ["scheme", "reached", f"steps to {word}", *(["steps, decoded rule"] if word == "loss" else []),
+            f"time to {word}", "median step", "vs dgd", f"final {word}",
             *(["test acc"] if accuracy else []), "grads/step", "max stale", "rejected", "late"]
     lines = [head, *(_cells(r, target, accuracy) for r in rows)]
     widths = [max(len(row[k]) for row in lines) for k in range(len(head))]
     seeds = rows[0]["seeds"] if rows else 0
     out = [f"{target.describe(key)}; times in simulated seconds; FR schemes decode: {fr_decode}; "
            f"{seeds} seed(s): mean±sd over seeds (times and steps over the seeds that reached the target), "
-           f"rejected/late: mean per run{header}"]
+           f"rejected/late: mean per run{header}" + (
+               f"; steps, decoded rule: the paper's stopping rule, each step's mean minibatch loss over the messages "
+               f"used at or below the target for {PAPER_RUN} consecutive steps" if word == "loss" else "")]
     for row in lines:
         out.append("  ".join(cell.rjust(w) if k else cell.ljust(w) for k, (cell, w) in enumerate(zip(row, widths))))
     return "\n".join(out)

@@ -14,7 +14,7 @@ from pgc_mpi.errors import ConfigError
 from pgc_mpi.message import MessageRecord
 from pgc_mpi.metrics import read_metrics
 from pgc_mpi.plot import main as plot
-from pgc_mpi.results import RunSummary, realized_delays
+from pgc_mpi.results import RunSummary, first_sustained, realized_delays
 from pgc_mpi.stragglers import DelayModel
 
 EXPERIMENT = ('name = "tiny"\nworkers = 3\nschemes = ["dgd", "pgc-cr", "gc-fr"]\ns = [1]\nseeds = [0, 1]\n'
@@ -132,7 +132,8 @@ def test_per_scheme_options_apply_to_that_scheme_only(tmp_path):
 def _summary(scheme: str, seed: int, time: float | None, s: int = 1) -> RunSummary:
     return RunSummary(run=f"{scheme}-{seed}", scheme=scheme, s=s, delay="exp:1", seed=seed, steps=10,
                       median_step_time=1.0, step_time_vs_dgd=None, steps_to_target=5 if time else None,
-                      time_to_target=time, final_test_accuracy=0.9, utilization=0.5, wasted_gradients=0,
+                      time_to_target=time, steps_to_target_decoded=None, time_to_target_decoded=None,
+                      final_test_accuracy=0.9, utilization=0.5, wasted_gradients=0,
                       bytes_per_step=1e6, max_staleness=0, mean_staleness=0.0)
 
 
@@ -169,6 +170,31 @@ def test_the_simulator_backend_writes_runs_the_gather_reads(tmp_path, capsys):
     rows = {(r["scheme"], r["seed"]): r for r in csv.DictReader((tmp_path / "out" / "results.csv").open())}
     assert float(rows[("pgc-cr", "1")]["median_step_time"]) == pytest.approx(direct.median_step_time())
     assert "## Who reaches the target first" in (tmp_path / "out" / "results.md").read_text()
+    # the paper's stopping rule on the decoded loss of the same records, and its paired ratio to dgd
+    hit = first_sustained(direct.records, 1.5)
+    assert hit is not None and int(rows[("pgc-cr", "1")]["steps_to_target_decoded"]) == hit["step"] + 1
+    assert float(rows[("pgc-cr", "1")]["time_to_target_decoded"]) == pytest.approx(hit["wall_time"])
+    assert "## Steps to target under both stopping rules" in (tmp_path / "out" / "results.md").read_text()
     exp.write_text(exp.read_text().replace("compute_time = 1.0\n", ""))
     assert bench([str(exp), "--out", str(tmp_path / "other")]) == 1  # nothing could run
     assert 'backend "sim" needs compute_time' in capsys.readouterr().err
+
+
+def test_the_papers_stopping_rule_needs_three_consecutive_steps():
+    losses = [2.0, 0.9, 0.8, 1.1, 0.7, float("nan"), 0.6, 0.5, 0.4, 0.3]
+    steps = [{"step": k, "wall_time": 10.0 * k, "train_loss": v} for k, v in enumerate(losses)]
+    assert first_sustained(steps, 1.0)["step"] == 8  # 1, 2 broken by 1.1; 4 broken by the NaN; 6, 7, 8
+    assert first_sustained(steps, 1.0, run=2)["step"] == 2
+    assert first_sustained(steps, 0.35) is None and first_sustained([], 1.0) is None
+
+
+def test_ratios_to_dgd_are_paired_under_both_rules():
+    rows = []
+    for seed, (dgd_steps, pgc_steps) in enumerate([(10, 5), (20, 15)]):
+        for scheme, steps in (("dgd", dgd_steps), ("pgc-cr", pgc_steps)):
+            rows.append(RunSummary(**{**_summary(scheme, seed, float(steps)).as_row(), "steps_to_target": steps,
+                                      "steps_to_target_decoded": steps + 2, "time_to_target_decoded": steps * 1.0}))
+    pgc = next(r for r in aggregate(rows) if r["scheme"] == "pgc-cr")
+    assert pgc["steps_vs_dgd"].mean == pytest.approx((5 / 10 + 15 / 20) / 2)
+    assert pgc["steps_vs_dgd_decoded"].mean == pytest.approx((7 / 12 + 17 / 22) / 2)
+    assert pgc["reached_decoded"] == 2

@@ -49,7 +49,8 @@ def test_pgc_sim_runs_a_torch_model_to_a_target_loss_deterministically(capsys, t
     assert capsys.readouterr().out == first  # the same delays, gradients and evaluations
     head, columns, *rows = first.splitlines()
     assert head.startswith("target training loss 1.2 (on the whole training set), evaluated every 5 steps")
-    assert "steps to loss" in columns and "time to loss" in columns and "test acc" in columns
+    assert "steps to loss" in columns and "steps, decoded rule" in columns and "time to loss" in columns
+    assert "test acc" in columns
     assert len(rows) == 3 and all(" 1/1 " in row for row in rows)
     records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     evaluated = [r["step"] for r in records if r["scheme"] == "pgc-cr" and r.get("event") == "eval"]
