@@ -171,6 +171,19 @@ class CoreConfig:
         return dataclasses.asdict(self)
 
 
+LOG_LEVELS = ("debug", "info", "warning")
+
+
+def slurm_run_name() -> str | None:
+    """The Slurm job's part of a default run folder name: `slurm<job>` or `slurm<array job>_<task>`
+    (None outside Slurm). The same after a requeue, so a requeued job finds its own folder."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"slurm{array}_{task}"
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"slurm{job}" if job else None
+
+
 # Options the peer baselines (PEER_SCHEMES: torch DDP, no master in the training loop) do not support.
 _NOT_WITH_PEERS = ("deadline", "checkpoint_every", "resume", "fault")
 
@@ -200,6 +213,10 @@ class TrainConfig(CoreConfig):
     record_params: bool = False
     verify_data: bool = True
     compute_time: float | None = None
+    overwrite: bool = False
+    log_interval: float = 10.0
+    log_level: str = "info"
+    log_dir: str | None = None
 
     def validate(self, workers: int) -> None:
         """Check every field and the fit of the scheme to `workers` (world size - 1)."""
@@ -226,8 +243,13 @@ class TrainConfig(CoreConfig):
         _positive_int("keep-checkpoints", self.keep_checkpoints)
         if self.compute_time is not None:
             _positive("compute-time", self.compute_time)
-        if self.resume == "latest" and self.out is None:
-            raise ConfigError("--resume latest needs --out DIR (the run directory whose checkpoints to use)")
+        _positive("log-interval", self.log_interval)
+        _choice("log-level", self.log_level, LOG_LEVELS)
+        if self.resume in ("latest", "auto") and self.out is None and not slurm_run_name():
+            raise ConfigError(f"--resume {self.resume} needs --out DIR (the run directory whose checkpoints to use)")
+        if self.resume is not None and self.overwrite:
+            raise ConfigError("--resume and --overwrite exclude each other: --resume continues the run in --out, "
+                              "--overwrite deletes it")
         parse_faults(self.fault, workers)
         if self.scheme in PEER_SCHEMES:
             self._check_peer_options()
@@ -370,7 +392,14 @@ _HELP = {
     "checkpoint_every": "write a checkpoint (OUT/checkpoints) every this many steps, at the end and when stopped "
                         "by a signal",
     "keep_checkpoints": "how many checkpoints to keep",
-    "resume": "continue from a checkpoint: a file, or 'latest' in --out's checkpoints",
+    "resume": "continue a run: 'auto' (from the newest checkpoint in --out if there is one, else start afresh), "
+              "'latest' (the newest checkpoint in --out; an error if none) or a checkpoint file; the folder's "
+              "config.json must describe the same run",
+    "overwrite": "delete the outputs of the run already in --out before starting (without it, and without "
+                 "--resume, a folder holding a run is refused)",
+    "log_interval": "seconds between two progress lines in the log (a live one-line display instead on a terminal)",
+    "log_level": f"log level of every rank: {', '.join(LOG_LEVELS)}",
+    "log_dir": "also write each rank's log to DIR/rank-<r>.log (for post-mortems)",
     "record_params": "also write params.npy with the parameters after every step (small models only)",
     "compute_time": "emulate a cluster's compute: every partition gradient takes at least this many seconds (the "
                     "real gradient is computed and the rest slept), so ranks sharing cores behave like nodes",
@@ -384,9 +413,10 @@ _NONE_DEFAULT = {
     "replication": "2",
     "deadline": "no deadline",
     "target_loss": "none, run all --steps",
-    "out": "runs/<scheme>-<time>",
+    "out": "runs/<scheme>-slurm<job id>[_<task>] under Slurm, else runs/<scheme>-<UTC time>-<random>",
     "checkpoint_every": "none, only when stopped by a signal or asked for",
     "resume": "none, start afresh",
+    "log_dir": "none, standard error only",
     "compute_time": "none, as long as it takes",
 }
 
