@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,9 @@ import torch
 
 from .errors import PgcError
 from .h5format import atomic_h5
+from .run_folder import checkpoint_name, list_checkpoints
 
 FORMAT = 1
-_NAME = re.compile(r"ckpt-(\d{8})\.h5$")
 
 
 class CheckpointError(PgcError):
@@ -84,7 +83,7 @@ def save(directory: Path, step: int, params: np.ndarray, optimizer: torch.optim.
     """Write the checkpoint of the state before `step` and drop all but the newest `keep`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"ckpt-{step:08d}.h5"
+    path = directory / checkpoint_name(step)
     state = optimizer.state_dict()
     with atomic_h5(path) as f:
         f.create_dataset("params", data=params)
@@ -102,14 +101,6 @@ def save(directory: Path, step: int, params: np.ndarray, optimizer: torch.optim.
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return path
-
-
-def list_checkpoints(directory: Path) -> list[Path]:
-    """The checkpoints in a directory, oldest first."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.iterdir() if _NAME.search(p.name))
 
 
 def resolve(spec: str, directory: Path) -> Path:

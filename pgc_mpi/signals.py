@@ -1,5 +1,5 @@
-"""Requests by signal: stop (Slurm's `--signal`, SIGUSR1 by default here, and SIGTERM) and
-checkpoint now (SIGUSR2).
+"""Requests by signal: stop (Slurm's `--signal`, SIGUSR1 by default here, SIGTERM, and SIGINT:
+Ctrl-C or `scancel --signal=INT`) and checkpoint now (SIGUSR2).
 
 Every rank installs the handler, so a signal that reaches the whole job (srun and mpiexec
 forward it to all ranks) does not kill anyone on the spot: the master notices the request
@@ -17,8 +17,9 @@ _checkpoints: list[int] = []
 
 
 def install() -> None:
-    """Record SIGUSR1 and SIGTERM (stop) and SIGUSR2 (checkpoint) instead of dying from them."""
-    for sig in (signal.SIGUSR1, signal.SIGTERM):
+    """Record SIGUSR1, SIGTERM and SIGINT (stop) and SIGUSR2 (checkpoint) instead of dying from them
+    (Ctrl-C then stops a run like SIGTERM does: no traceback, a checkpoint, exit status 3)."""
+    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: _requested.append(signum))
     signal.signal(signal.SIGUSR2, lambda signum, frame: _checkpoints.append(signum))
 

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import hashlib
+import json
 import os
-import platform
+import socket
 import sys
 import time
 import traceback
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import shm, signals
+from . import provenance, run_folder, shm, signals
 from .choices import PEER_SCHEMES
 from .config import TrainConfig, config_from_args
 from .errors import ConfigError, PgcError
 from .faults import parse_faults
 from .message import Layout, buffers_per_message, gradient_header
-from .metrics import MetricsWriter, Progress, setup_logging, write_json
+from .metrics import MetricsWriter, Progress, configure_logging, make_log_dir, setup_logging, write_json
 from .stragglers import DelayModel
 from .transport import MasterTransport, WorkerTransport, abort, duplicate_world
 from .worker import WorkerSettings, run_worker
@@ -44,20 +44,13 @@ def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = Fal
                          cfg.fixed_minibatch)
 
 
-def out_dir(cfg: TrainConfig) -> Path:
-    """The run directory: --out, the run a --resume checkpoint belongs to, or a new one."""
-    if cfg.out:
-        return Path(cfg.out)
-    if cfg.resume and cfg.resume != "latest":
-        return Path(cfg.resume).resolve().parent.parent  # OUT/checkpoints/ckpt-N.h5
-    return Path("runs") / f"{cfg.scheme}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def _configure(argv: list[str], workers: int) -> TrainConfig:
-    """On rank 0: the configuration from the flags and TOML file, validated (imports no torch)."""
+    """On rank 0: the configuration from the flags and TOML file, validated, with its output
+    folder settled (run_folder.plan: a folder holding another run is refused; imports no torch)."""
     cfg = config_from_args(argv)
     cfg.validate(workers)
-    return dataclasses.replace(cfg, out=str(out_dir(cfg)))
+    make_log_dir(cfg.log_dir)
+    return run_folder.plan(cfg, workers)
 
 
 def _prepare(cfg: TrainConfig, workers: int) -> tuple:
@@ -74,6 +67,8 @@ def _prepare(cfg: TrainConfig, workers: int) -> tuple:
         if resume.step >= cfg.steps:
             raise ConfigError(f"--resume {path}: the checkpoint is at step {resume.step}, not before --steps "
                               f"{cfg.steps}: raise --steps to train further")
+        # checkpoints of later steps belong to the abandoned continuation: they must not mix with this one's
+        run_folder.drop_checkpoints_after(Path(cfg.out) / "checkpoints", resume.step)
     return problem, resume
 
 
@@ -87,8 +82,6 @@ def _outcome(action) -> tuple[int | None, object]:
     except PgcError as exc:
         print(f"pgc-train: error: {exc}", file=sys.stderr, flush=True)
         return 2, None
-    except KeyboardInterrupt:
-        return 130, None
     except Exception as exc:  # noqa: BLE001 - any exception: see the docstring
         print(f"pgc-train: error: {_one_line(exc)} while setting up the run", file=sys.stderr, flush=True)
         if os.environ.get("PGC_DEBUG"):
@@ -111,17 +104,6 @@ def _identity(cfg: TrainConfig, scheme, dim: int) -> dict:
                         optimizer=cfg.optimizer)
 
 
-def _versions() -> dict[str, str]:
-    import h5py
-    import mpi4py
-    import torch
-    from mpi4py import MPI
-
-    return {"python": platform.python_version(), "mpi4py": mpi4py.__version__, "numpy": np.__version__,
-            "torch": torch.__version__, "h5py": h5py.__version__,
-            "mpi_library": MPI.Get_library_version().splitlines()[0].strip()}
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pgc-train` (run it under mpiexec/srun with N+1 ranks)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -142,24 +124,45 @@ def main(argv: list[str] | None = None) -> int:
     if rank > 0:
         import torch  # noqa: F401 - see above
     cfg = TrainConfig(**value)
+    log = configure_logging(rank, cfg.log_level, cfg.log_dir)
     status, state = _outcome(lambda: _prepare(cfg, size - 1)) if rank == 0 else (None, None)
     status = comm.bcast(status, root=0)
     if status is not None:
         return int(status)
+    hosts = comm.gather(socket.gethostname(), root=0)
     try:
-        return _train(cfg, state, comm, log)
+        start = provenance.start_record(argv, hosts) if rank == 0 else {}
+        return _train(cfg, state, comm, log, start)
     except (PgcError, OSError) as exc:  # e.g. a full disk: one line naming the path is the message
         log.error("%s", exc)
+        _record_failure(cfg, rank, str(exc))
         abort(1)
-    except BaseException:
+    except BaseException as exc:
         log.exception("unexpected error on rank %d; aborting the job", rank)
+        _record_failure(cfg, rank, _one_line(exc))
         abort(1)
     return 1
 
 
-def _train(cfg: TrainConfig, state, comm, log) -> int:
+def _record_failure(cfg: TrainConfig, rank: int, reason: str) -> None:
+    """Append a "failed" summary with its one-line reason to the run's metrics, from whichever rank
+    failed, so that the folder says how the run ended (rank 0 writes the file in append mode too:
+    whole lines appended by two ranks never overwrite each other)."""
+    path = Path(cfg.out) / "metrics.jsonl"
+    if not path.is_file():  # failed before the run's outputs existed: the error message is all there is
+        return
+    record = {"event": "summary", "status": "failed", "reason": reason.splitlines()[0] if reason else "", "rank": rank,
+              "time": round(time.time(), 3)}
+    try:
+        with path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+    except OSError:  # the disk that failed the run may fail this too: the log has the reason
+        pass
+
+
+def _train(cfg: TrainConfig, state, comm, log, start: dict) -> int:
     if cfg.scheme in PEER_SCHEMES:
-        return _train_peers(cfg, state, comm, log)
+        return _train_peers(cfg, state, comm, log, start)
     rank, n = comm.Get_rank(), comm.Get_size() - 1
     scheme = cfg.make_scheme(n)
     if scheme.kind == "coded":  # every rank must hold the same encoding matrix
@@ -173,14 +176,14 @@ def _train(cfg: TrainConfig, state, comm, log) -> int:
         settings = WorkerSettings(tuple(parse_faults(cfg.fault, n)), cfg.refresh_over(scheme), cfg.compute_time)
         run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval), delays, settings)
         return 0
-    return _run_master(cfg, comm, log, scheme, problem, layout, resume)
+    return _run_master(cfg, comm, log, scheme, problem, layout, resume, start)
 
 
-def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, resume) -> int:
+def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, resume, start: dict) -> int:
     from .checkpoint import Checkpointer
     from .master import Master, MasterSettings
 
-    out, metrics, progress = _open_outputs(cfg, comm, log, scheme, problem, resume)
+    out, metrics, progress = _open_outputs(cfg, comm, log, scheme, problem, start, resume)
     link = MasterTransport(comm, scheme.n, layout, cfg.poll_interval)
     settings = MasterSettings(steps=cfg.steps, optimizer=cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
                               deadline=cfg.deadline, on_deadline=cfg.on_deadline,
@@ -207,11 +210,19 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, re
     if control.stopped_by:
         # every worker has stopped; MPICH's mpiexec does not always report rank 0's own exit
         # status after a forwarded signal, but it always reports an abort's code
-        abort(signals.EXIT_STOPPED)
+        _stop_job(log, control.stopped_by)
     return 0
 
 
-def _train_peers(cfg: TrainConfig, state, comm, log) -> int:
+def _stop_job(log, signal_name: str) -> None:
+    """End a run stopped by a signal with EXIT_STOPPED, saying first that MPI's abort banner that
+    follows is intended (it must not read as a crash in a batch log)."""
+    log.warning("stopped by %s as requested; the MPI_Abort message that follows is intended (exit status %d: "
+                "resume with --resume auto, or let the batch script requeue)", signal_name, signals.EXIT_STOPPED)
+    abort(signals.EXIT_STOPPED)
+
+
+def _train_peers(cfg: TrainConfig, state, comm, log, start: dict) -> int:
     """--scheme ddp (pgc_mpi.ddp): the workers train as a torch.distributed group; rank 0, outside
     it, evaluates and writes the same outputs as the master does."""
     from . import ddp
@@ -223,7 +234,7 @@ def _train_peers(cfg: TrainConfig, state, comm, log) -> int:
     if rank > 0:
         ddp.run_worker(cfg, peers, scheme, problem, DelayModel(cfg.delay, n, seed=cfg.seed))
         return 0
-    out, metrics, progress = _open_outputs(cfg, comm, log, scheme, problem)
+    out, metrics, progress = _open_outputs(cfg, comm, log, scheme, problem, start)
     monitor = ddp.Monitor(cfg, peers, scheme, problem, metrics, progress)
     control = _control(cfg, out, monitor.evaluate, metrics)
     totals = monitor.run(control)
@@ -231,29 +242,39 @@ def _train_peers(cfg: TrainConfig, state, comm, log) -> int:
                    monitor.trajectory)
     if control.stopped_by:  # the workers are still in their loop: the abort ends them (status 3: requeue)
         metrics.close()
-        abort(signals.EXIT_STOPPED)
+        _stop_job(log, control.stopped_by)
     monitor.finish()
     metrics.close()
     return EXIT_DIVERGED if totals.diverged else 0
 
 
-def _open_outputs(cfg: TrainConfig, comm, log, scheme, problem, resume=None) -> tuple[Path, MetricsWriter, Progress]:
-    """Rank 0's outputs at the start of every run: metrics.jsonl (after a resume, with the earlier
-    steps kept), config.json, the first log line and the progress display."""
+def _open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
+                  resume=None) -> tuple[Path, MetricsWriter, Progress]:
+    """Rank 0's outputs at the start of every run: the folder cleared with --overwrite,
+    metrics.jsonl (after a resume, with the earlier steps kept), config.json with the run's
+    provenance (the earlier starts' too after a resume), the first log line and the progress display."""
     out = Path(cfg.out)
+    previous = None
+    if cfg.overwrite and run_folder.holds_run(out):
+        log.info("--overwrite: deleting the outputs of the run in %s", out)
+        run_folder.clear(out)
+    elif resume is not None and (out / "config.json").is_file():
+        previous = json.loads((out / "config.json").read_text()).get("provenance")
     metrics = MetricsWriter(out, keep_steps_before=resume.step if resume else None)
     write_json(out / "config.json", {"config": cfg.to_dict(), "world_size": comm.Get_size(), "workers": scheme.n,
-                                     **cfg.scheme_shape(scheme), "parameters": problem.dim, "versions": _versions()})
+                                     **cfg.scheme_shape(scheme), "parameters": problem.dim,
+                                     "resumed_from_step": resume.step if resume else None,
+                                     "provenance": provenance.with_earlier_starts(start, previous)})
     log.info("%s with n=%d workers, s=%d, c=%d; %s/%s (%d parameters, %s); output in %s",
              cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.dataset, cfg.model, problem.dim, cfg.dtype, out)
-    return out, metrics, Progress(cfg.steps, cfg.eval_every, log)
+    return out, metrics, Progress(cfg.steps, cfg.log_interval, log)
 
 
 def _control(cfg: TrainConfig, out: Path, evaluate, metrics: MetricsWriter):
     """The run's RunControl: evaluations, the target loss, checkpoints and stop signals."""
     from .control import ControlSettings, RunControl
 
-    return RunControl(ControlSettings(cfg.steps, cfg.eval_every, cfg.target_loss, cfg.checkpoint_every), out,
+    return RunControl(ControlSettings(cfg.steps, cfg.eval_every, cfg.target_loss, cfg.checkpoint_every, lr=cfg.lr), out,
                       evaluate=evaluate, write=metrics.write)
 
 

@@ -90,6 +90,9 @@ def test_dgd_with_a_hung_worker_fails_at_the_deadline(tmp_path):
     assert proc.returncode != 0
     assert "could not decode by the deadline" in proc.stderr and "missing workers [1]" in proc.stderr
     assert len(steps_of(tmp_path)) == 3
+    summary = events_of(tmp_path, "summary")[-1]  # the folder says how its run ended
+    assert summary["status"] == "failed" and "could not decode by the deadline" in summary["reason"]
+    assert summary["rank"] == 0
 
 
 def test_dgd_partial_decoding_at_the_deadline(tmp_path):
@@ -228,6 +231,20 @@ def test_a_stop_signal_ends_the_run_cleanly_and_asks_for_a_requeue(tmp_path):
     proc = start_train(4, ["--steps", "100000", "--delay", "exp:0.01", "--eval-every", "50", "--checkpoint-every",
                            "1000000"], tmp_path, wait=60)
     _stop(proc, tmp_path, "SIGUSR1", segments)
+
+
+def test_ctrl_c_stops_like_sigterm_without_a_traceback(tmp_path):
+    """SIGINT to mpiexec (Ctrl-C in a terminal; scancel --signal=INT): forwarded to every rank, it
+    stops the run as SIGTERM does, with a checkpoint, exit status 3 and no traceback; the line
+    before MPI's abort banner says the stop was intended."""
+    from helpers import mpich_segments, start_train
+
+    segments = mpich_segments()
+    proc = start_train(4, ["--steps", "100000", "--delay", "exp:0.01", "--eval-every", "50", "--checkpoint-every",
+                           "1000000"], tmp_path, wait=60)
+    err = _stop(proc, tmp_path, "SIGINT", segments)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "stopped by SIGINT as requested; the MPI_Abort message that follows is intended" in err
 
 
 def test_a_checkpoint_on_demand_and_training_goes_on(tmp_path):

@@ -1,0 +1,77 @@
+"""Where a run came from: what config.json records besides the configuration.
+
+The command line, the pgc-mpi version and git commit (when run from a checkout), the UTC start
+time, the host of every rank, the Slurm job, step and array ids, the MPI library and the
+versions of the Python packages. After a resume the earlier starts are kept (`earlier_starts`),
+so the folder says how its run was put together.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_STEP_ID",
+                   "SLURM_JOB_NODELIST", "SLURM_RESTART_COUNT", "SLURM_CLUSTER_NAME", "SLURM_JOB_PARTITION")
+
+
+def versions() -> dict[str, str]:
+    """The Python, package and MPI library versions of this process (imports torch)."""
+    import h5py
+    import mpi4py
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
+    return {"python": platform.python_version(), "pgc_mpi": package_version(), "mpi4py": mpi4py.__version__,
+            "numpy": np.__version__, "torch": torch.__version__, "h5py": h5py.__version__,
+            "mpi_library": MPI.Get_library_version().splitlines()[0].strip()}
+
+
+def package_version() -> str:
+    """pgc-mpi's installed version ("unknown" when it runs from a tree that is not installed)."""
+    try:
+        return metadata.version("pgc-mpi")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def git_commit(where: Path = PACKAGE_DIR) -> str | None:
+    """The commit of the checkout the package runs from, with "-dirty" when it has uncommitted
+    changes (None outside a git checkout, or without git)."""
+    try:
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def start_record(argv: list[str], hosts: list[str]) -> dict[str, Any]:
+    """This start of the run: command line, UTC time, hosts by rank, Slurm ids, code versions."""
+    return {"command_line": [Path(sys.argv[0]).name, *argv],
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "hosts": hosts, "slurm": {k: os.environ[k] for k in SLURM_VARIABLES if k in os.environ},
+            "git_commit": git_commit(), "versions": versions()}
+
+
+def with_earlier_starts(start: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """The provenance of a run that resumed: this start, and the starts recorded before it."""
+    if not previous:
+        return {**start, "earlier_starts": []}
+    earlier = previous.get("earlier_starts", [])
+    before = {k: v for k, v in previous.items() if k != "earlier_starts"}
+    return {**start, "earlier_starts": [*earlier, before]}

@@ -1,0 +1,54 @@
+"""Run folders under mpiexec: a reused --out is refused, --overwrite replaces the run, --resume auto
+continues a killed run with every step recorded exactly once, and config.json's provenance."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+
+from helpers import events_of, run_train, start_train, steps_of
+
+ARGS = ["--steps", "40", "--checkpoint-every", "10", "--delay", "exp:0.05", "--eval-every", "10"]
+
+
+def test_a_reused_out_is_refused_and_overwrite_replaces_the_run(tmp_path):
+    assert run_train(4, ["--steps", "6", "--out", str(tmp_path)]).returncode == 0
+    before = (tmp_path / "metrics.jsonl").read_text()
+    proc = run_train(4, ["--steps", "4", "--seed", "2", "--out", str(tmp_path)])
+    assert proc.returncode == 2
+    assert f"--out {tmp_path} already holds a run" in proc.stderr and "--overwrite" in proc.stderr
+    assert (tmp_path / "metrics.jsonl").read_text() == before  # untouched
+    proc = run_train(4, ["--steps", "4", "--seed", "2", "--overwrite", "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["step"] for r in steps_of(tmp_path)] == [0, 1, 2, 3]
+    assert len(events_of(tmp_path, "summary")) == 1
+    config = json.loads((tmp_path / "config.json").read_text())
+    start = config["provenance"]
+    assert config["config"]["seed"] == 2 and start["command_line"][-3:] == ["--overwrite", "--out", str(tmp_path)]
+    assert start["hosts"] == [socket.gethostname()] * 4 and start["started_utc"].endswith("Z")
+    assert start["versions"]["mpi_library"].startswith("MPICH") and "torch" in start["versions"]
+    assert start["git_commit"] is None or len(start["git_commit"].split("-")[0]) == 40
+
+
+def test_resume_auto_continues_a_killed_run_with_every_step_once(tmp_path):
+    out = tmp_path / "run"
+    proc = start_train(4, [*ARGS, "--resume", "auto"], out, wait=60)  # nothing there yet: a fresh start
+    until = time.monotonic() + 90
+    while time.monotonic() < until and len(list((out / "checkpoints").glob("ckpt-*.h5"))) < 2:
+        time.sleep(0.1)
+    proc.kill()  # as if the node went away: no rank shuts down cleanly
+    subprocess.run(["pkill", "-9", "-f", "--", f"--out {out}"], check=False)  # its ranks too
+    proc.wait(timeout=30)
+    written = [r["step"] for r in steps_of(out)]
+    assert len(list((out / "checkpoints").glob("ckpt-*.h5"))) >= 2 and not events_of(out, "summary")
+    proc = run_train(4, [*ARGS, "--resume", "auto", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = [r["step"] for r in steps_of(out)]
+    assert steps == list(range(40)), (written, steps)
+    assert [r["status"] for r in events_of(out, "summary")] == ["completed"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["resumed_from_step"] >= 20 and len(config["provenance"]["earlier_starts"]) == 1
+    again = run_train(4, [*ARGS, "--resume", "auto", "--seed", "9", "--out", str(out)])
+    assert again.returncode == 2 and "describes another run: seed 0 (this run: 9)" in again.stderr
