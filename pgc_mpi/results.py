@@ -120,6 +120,45 @@ def summarize_run(run_dir: Path, target_loss: float | None, dgd_median: float | 
     )
 
 
+@dataclass(frozen=True)
+class WaitEstimate:
+    """What not waiting for every worker saved, estimated from the jobs the master saw."""
+
+    seconds: float  # summed over steps: the slowest job of the step minus the slowest job used
+    steps: int  # steps the estimate covers
+    steps_complete: int  # steps for which a message of every worker was seen (elsewhere: a lower bound)
+
+
+def waiting_saved(steps: list[dict], workers: int) -> WaitEstimate | None:
+    """How much longer the steps would have taken had the master waited for every worker's message.
+
+    For each step t: the longest job among every message for t the master received (used,
+    accepted, late or over-stale; a job's time is its compute time plus its injected delay, as
+    the worker reports them) minus the longest job among the messages the step used. Waiting for
+    all would have ended the step when the slowest job did; the step ended with the slowest job
+    it used (both include the same start and message costs, which cancel). A worker whose
+    message for t never arrived (hung, or busy with a late job) makes that step's figure a lower
+    bound. None for pbs (every message is one partition's gradient: there is no "every worker's
+    message of step t") and for runs without per-message records."""
+    jobs: dict[int, dict[int, float]] = {}  # step -> worker -> job time
+    used: dict[int, float] = {}
+    for record in steps:
+        if "ages" in record:  # pbs
+            return None
+        for m in map(MessageRecord._make, record.get("messages", [])):
+            if m.verdict == "rejected":
+                continue
+            job = m.compute_time + m.delay
+            jobs.setdefault(m.step, {})[m.worker] = job
+            if m.verdict == "used":
+                used[m.step] = max(used.get(m.step, 0.0), job)
+    if not used:
+        return None
+    saved = sum(max(0.0, max(jobs[t].values()) - used[t]) for t in used)
+    complete = sum(len(jobs[t]) == workers for t in used)
+    return WaitEstimate(saved, len(used), complete)
+
+
 def realized_delays(run_dir: Path) -> list[tuple[int, int, float]]:
     """(worker, step, injected delay) of every message a run's master received: a replayable trace."""
     _, steps, _, _ = load_run(run_dir)

@@ -198,3 +198,21 @@ def test_ratios_to_dgd_are_paired_under_both_rules():
     assert pgc["steps_vs_dgd"].mean == pytest.approx((5 / 10 + 15 / 20) / 2)
     assert pgc["steps_vs_dgd_decoded"].mean == pytest.approx((7 / 12 + 17 / 22) / 2)
     assert pgc["reached_decoded"] == 2
+
+
+def test_waiting_saved_is_the_slowest_job_minus_the_slowest_used_one():
+    from pgc_mpi.results import waiting_saved
+
+    def msg(worker, step, delay, verdict):  # MessageRecord: worker, step, delay, compute_time, gradients, verdict
+        return [worker, step, delay, 1.0, 1, verdict]
+
+    steps = [{"step": 0, "messages": [msg(0, 0, 0.0, "used"), msg(1, 0, 0.5, "used")]},
+             {"step": 1, "messages": [msg(2, 0, 2.0, "late"), msg(0, 1, 0.2, "used"), msg(1, 1, 0.1, "used"),
+                                      msg(2, 1, 3.0, "accepted")]},
+             {"step": 2, "messages": [msg(0, 2, 0.0, "used"), msg(1, 2, 0.0, "used")]}]
+    est = waiting_saved(steps, workers=3)
+    # step 0: worker 2's late job 3.0 s against 1.5 s used; step 1: 4.0 against 1.2; step 2: nothing from
+    # worker 2 (hung, say): 0, a lower bound
+    assert est.seconds == pytest.approx((3.0 - 1.5) + (4.0 - 1.2))
+    assert (est.steps, est.steps_complete) == (3, 2)
+    assert waiting_saved([{"step": 0, "ages": [0], "messages": []}], 3) is None  # pbs: not estimated
