@@ -5,14 +5,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import shutil
+import socket
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
-from .errors import WriteError, write_failure
+from .errors import ConfigError, WriteError, write_failure
 
 
 def _plain(value: Any) -> Any:
@@ -46,12 +51,18 @@ class MetricsWriter:
                         break  # a line cut short by a crash: everything after it is lost anyway
                     if rec.get("event") in (None, "eval") and rec.get("step", keep_steps_before) < keep_steps_before:
                         kept.append(line if line.endswith("\n") else line + "\n")
-        self._fh: TextIO = self.path.open("w", buffering=1)
-        self._fh.writelines(kept)
-        self._fh.flush()
+        with self.path.open("w") as fh:
+            fh.writelines(kept)
+        # appends from here on: a failing rank may append its "failed" summary at any time
+        # (train._record_failure), and an append never overwrites another's line
+        self._fh: TextIO = self.path.open("a", buffering=1)
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record and flush it (a full disk: one WriteError naming the file)."""
+        """Append one record and flush it (a full disk: one WriteError naming the file). Every record
+        carries "time", when it was written (seconds since the epoch, UTC, to the millisecond),
+        unless it has a "time" of its own."""
+        if "time" not in record:
+            record = {**record, "time": round(time.time(), 3)}
         try:
             self._fh.write(json.dumps(_plain(record)) + "\n")
             self._fh.flush()
@@ -74,39 +85,149 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+LOG_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(message)s"
+LOG_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+def _formatter(rank: int) -> logging.Formatter:
+    return logging.Formatter(LOG_FORMAT.format(rank=rank), LOG_DATE_FORMAT)
+
+
 def setup_logging(rank: int, verbose: bool = False) -> logging.Logger:
-    """The `pgc_mpi` logger with the rank in every line; INFO on rank 0, WARNING elsewhere."""
+    """The `pgc_mpi` logger with date, time and rank in every line, on standard error; INFO on rank 0,
+    WARNING elsewhere (until configure_logging applies the run's --log-level)."""
     log = logging.getLogger("pgc_mpi")
-    log.handlers.clear()
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+        if isinstance(handler, logging.FileHandler):
+            handler.close()
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", "%H:%M:%S"))
+    handler.setFormatter(_formatter(rank))
     log.addHandler(handler)
     log.setLevel(logging.INFO if rank == 0 or verbose else logging.WARNING)
     log.propagate = False
     return log
 
 
-class Progress:
-    """One updating status line on a terminal; a log line every `every` steps otherwise."""
+def log_file(log_dir: str | Path, rank: int) -> Path:
+    """Where --log-dir DIR puts the log of `rank`."""
+    return Path(log_dir) / f"rank-{rank}.log"
 
-    def __init__(self, total: int, every: int, log: logging.Logger, stream: TextIO = sys.stderr):
-        self.total, self.every, self.log, self.stream = total, every, log, stream
-        self.tty = stream.isatty()
-        self._last = 0.0
+
+def make_log_dir(log_dir: str | Path | None) -> None:
+    """Create --log-dir (and its parents); a ConfigError saying why when it cannot be."""
+    if log_dir is None:
+        return
+    try:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"--log-dir {log_dir}: cannot create the directory: {reason}; "
+                          f"give a directory this job may write to") from None
+
+
+def configure_logging(rank: int, level: str = "info", log_dir: str | Path | None = None) -> logging.Logger:
+    """The `pgc_mpi` logger for the run: `level` (debug, info, warning) on every rank, on standard
+    error and, with `log_dir`, also in DIR/rank-<r>.log (appended to, so a resumed run keeps the
+    earlier part). A file that cannot be opened is one warning; the log stays on standard error."""
+    log = setup_logging(rank)
+    log.setLevel(getattr(logging, level.upper()))
+    if log_dir is not None:
+        path = log_file(log_dir, rank)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(path, encoding="utf-8")
+        except OSError as exc:
+            log.warning("--log-dir: cannot write %s (%s); this rank logs to standard error only",
+                        path, exc.strerror or exc)
+        else:
+            handler.setFormatter(_formatter(rank))
+            log.addHandler(handler)
+            # this start's first line in the file, whatever the level (not on standard error: noise there)
+            handler.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, "log of rank %d: process %d on %s",
+                                          (rank, os.getpid(), socket.gethostname()), None))
+    return log
+
+
+def _duration(seconds: float) -> str:
+    """A time span for people: "45 s", "3 min 05 s", "2 h 04 min"; "?" when unknown."""
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+class Progress:
+    """The run's progress on rank 0. On a terminal: one status line, redrawn in place (at most ten
+    times a second). Otherwise (under mpiexec or srun, standard error is a pipe or a file): a log
+    line every `interval` seconds of wall clock, and for the first and the last step.
+
+    Each says the step, its training loss and time, the steps per second over the last interval,
+    the estimated time left at that rate and the stragglers skipped so far."""
+
+    REDRAW = 0.1  # seconds between two redraws of the terminal line
+
+    def __init__(self, total: int, interval: float, log: logging.Logger, stream: TextIO = sys.stderr,
+                 clock: Callable[[], float] = time.monotonic):
+        self.total, self.interval, self.log, self.stream, self.clock = total, float(interval), log, stream, clock
+        self.tty = _isatty(stream)
+        self._shown = -math.inf  # when the last line was logged or drawn
+        self._seen: deque[tuple[float, int]] = deque()  # (time, step) of the lines shown: the rate's window
+        self._pending: tuple | None = None  # the latest update not shown yet (close() logs it)
 
     def update(self, step: int, loss: float, step_time: float, skipped: int) -> None:
-        text = (f"step {step + 1}/{self.total}  loss {loss:.4f}  step {step_time * 1e3:.1f} ms  "
-                f"stragglers skipped {skipped}")
-        if self.tty:
-            now = time.monotonic()
-            if now - self._last > 0.1 or step + 1 == self.total:
-                self.stream.write("\r" + text.ljust(78))
-                self.stream.flush()
-                self._last = now
-        elif (step + 1) % self.every == 0 or step == 0:
+        now = self.clock()
+        last = step + 1 == self.total
+        gap = self.REDRAW if self.tty else self.interval
+        if now - self._shown < gap and not last and self._seen:
+            self._pending = (now, step, loss, step_time, skipped)
+            return
+        self._show(now, step, loss, step_time, skipped)
+
+    def _show(self, now: float, step: int, loss: float, step_time: float, skipped: int) -> None:
+        text = self.text(now, step, loss, step_time, skipped)
+        self._seen.append((now, step))
+        self._shown, self._pending = now, None
+        if self.tty:  # a line longer than the terminal would wrap, and "\r" would redraw only its end
+            width = shutil.get_terminal_size().columns - 1
+            self.stream.write("\r" + text[:width].ljust(width))
+            self.stream.flush()
+        else:
             self.log.info(text)
 
+    def rate(self, now: float, step: int) -> float:
+        """Steps per second over the last `interval` seconds or more (NaN before a second line: the
+        first step's time, start-up included, says little about the rest)."""
+        while len(self._seen) > 1 and now - self._seen[1][0] >= self.interval:
+            self._seen.popleft()
+        if self._seen and now > self._seen[0][0] and step > self._seen[0][1]:
+            return (step - self._seen[0][1]) / (now - self._seen[0][0])
+        return math.nan
+
+    def text(self, now: float, step: int, loss: float, step_time: float, skipped: int) -> str:
+        rate = self.rate(now, step)
+        speed = ""
+        if rate > 0:
+            speed = f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}"
+            speed = f"{speed} steps/s  time left {_duration((self.total - step - 1) / rate)}  "
+        return (f"step {step + 1}/{self.total}  loss {loss:.4f}  step {step_time * 1e3:.1f} ms  "
+                f"{speed}stragglers skipped {skipped}")
+
     def close(self) -> None:
+        """End the display: the last step shown (a run stopped early says where it stopped)."""
+        if self._pending is not None:
+            self._show(*self._pending)
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
