@@ -39,6 +39,7 @@ import csv
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -168,6 +169,20 @@ def check_data(exp: dict[str, Any]) -> None:
         if not Path(dataset).is_file():
             raise ConfigError(f"data file {dataset} does not exist: make it first (python -m data_prep --help) "
                               f"or fix 'dataset' in the experiment file")
+
+
+def check_launcher(exp: dict[str, Any]) -> None:
+    """ConfigError unless the MPI runs' launcher is there: in the venv (the [mpich] extra's
+    mpiexec, which run_one prefers) or on PATH."""
+    if exp["backend"] != "mpi":
+        return
+    program = shlex.split(exp["launcher"].format(ranks=exp["workers"] + 1))[0]
+    if (Path(sys.executable).parent / program).exists() or shutil.which(program):
+        return
+    hint = "pip install 'pgc-mpi[mpich]' for MPICH's, or put your MPI's on PATH" if program == "mpiexec" else \
+        "put it on PATH"
+    raise ConfigError(f"the experiment's launcher {program} is not installed: {hint} (or set 'launcher' in the "
+                      f"experiment file)")
 
 
 def _toml_value(v: Any) -> str:
@@ -364,7 +379,11 @@ def gather(exp: dict[str, Any], out: Path, todo: list[RunKey]) -> int:
                  f"the target for {PAPER_RUN} consecutive steps\n\n" + stopping_rules_table(aggregated) + "\n")
     (out / "results.md").write_text(text)
     print(text)
-    from .plot import draw, draw_ratios
+    from .plot import PLOT_EXTRA, draw, draw_ratios, have_matplotlib
+
+    if not have_matplotlib():
+        print(f"pgc-bench: no figures: they need matplotlib: {PLOT_EXTRA}", file=sys.stderr)
+        return 1 if missing else 0
 
     # runs that started but did not complete are drawn too, marked (not silently dropped)
     started = [run_dir_of(out, exp, key) for key in todo if (run_dir_of(out, exp, key) / "metrics.jsonl").is_file()]
@@ -421,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_data(exp)
         reusable = _reusable(exp, out, chosen)
+        if set(chosen) - reusable:
+            check_launcher(exp)
     except PgcError as exc:
         print(f"pgc-bench: error: {exc}", file=sys.stderr)
         return 2

@@ -3,6 +3,24 @@ so a signal that arrives while the ranks are still starting does not kill one of
 
 from __future__ import annotations
 
+import sys
+
+# mpi4py is a dependency, an MPI library is not: the [mpich] extra's, or the site's.
+MPI_MISSING = ("pgc-train needs an MPI library and mpi4py cannot load one: pip install 'pgc-mpi[mpich]' "
+               "(MPICH from a wheel), or build mpi4py against your site MPI (README: Other machines)")
+
+
+def mpi_loads() -> bool:
+    """Whether mpi4py can load an MPI library. Its binary wheel looks for one (the [mpich] extra's,
+    or the system's) when mpi4py.MPI is first found; asking so does not initialize MPI."""
+    import importlib.util
+
+    try:
+        importlib.util.find_spec("mpi4py.MPI")
+    except RuntimeError:  # "cannot load MPI library", then every path it tried
+        return False
+    return True
+
 
 def train() -> None:
     """Run pgc-train (does not return: it finalizes MPI and exits)."""
@@ -12,6 +30,9 @@ def train() -> None:
 
     faulthandler.enable()  # a crash in native code (torch, MPI) still says where it happened
     signals.install()
+    if not mpi_loads():
+        print(MPI_MISSING, file=sys.stderr)
+        sys.exit(2)
     # before MPI_Init: a segment a killed MPI job left on this node would hang it (see pgc_mpi.shm)
     shm.report_stale(shm.remove_stale())
     from .train import cli

@@ -9,6 +9,17 @@ from pathlib import Path
 
 from .results import curve, load_run
 
+# matplotlib is optional (the [plot] extra): pgc-plot refuses to start without it, pgc-bench skips
+# its figures; either says so in one line with this command.
+PLOT_EXTRA = "pip install 'pgc-mpi[plot]'"
+
+
+def have_matplotlib() -> bool:
+    """Whether matplotlib is installed (found, not imported: that takes a second)."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
 
 def run_dirs(paths: list[Path]) -> list[Path]:
     """Run directories (those with a metrics.jsonl) at or one level below each path."""
@@ -183,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dirs", nargs="+", type=Path, help="run directories or pgc-bench output directories")
     p.add_argument("--out", type=Path, default=None, help="where the PNGs go (default: the first directory)")
     args = p.parse_args(argv)
+    if not have_matplotlib():
+        print(f"pgc-plot needs matplotlib: {PLOT_EXTRA}", file=sys.stderr)
+        return 2
     runs = run_dirs(args.dirs)
     if not runs:
         print(f"pgc-plot: error: no metrics.jsonl in or below {', '.join(map(str, args.dirs))}", file=sys.stderr)
