@@ -6,7 +6,9 @@ Without Slurm installed these tests skip, except in CI (CI=true), where that is 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,6 +62,30 @@ def _fnv1a(text: str) -> int:
 
 def _sbatch(env: dict, cwd: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
     return subprocess.run(["sbatch", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _job(env: dict, job: str) -> dict[str, str]:
+    """The job's fields from `scontrol show job` (JobState, Restarts, Reason, ExitCode, ...)."""
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True, timeout=30)
+    return dict(re.findall(r"(\w+)=(\S*)", shown.stdout))
+
+
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+
+
+def _wait_for_job(env: dict, job: str, done, until: float, what: str, log: Path) -> dict[str, str]:
+    """Poll the job until done(fields) holds, and fail saying what it was doing when it ends
+    otherwise or `until` (time.monotonic()) passes."""
+    while True:
+        fields = _job(env, job)
+        if done(fields):
+            return fields
+        if fields.get("JobState") not in ACTIVE or time.monotonic() > until:
+            subprocess.run(["scancel", job], env=env, timeout=30)
+            output = log.read_text() if log.exists() else "(no log)"
+            pytest.fail(f"waiting for {what}: job {job} is {fields.get('JobState')} ({fields.get('Reason')}), "
+                        f"restarts {fields.get('Restarts')}\n{output[-6000:]}")
+        time.sleep(0.5)
 
 
 @pytest.mark.timeout(600)
@@ -154,3 +180,93 @@ def test_a_segment_left_by_a_killed_job_does_not_hang_the_next_one(slurm, tmp_pa
     assert proc.returncode == 0, proc.stderr + logs
     assert "stale MPICH shared-memory segment" in logs
     assert not trap.exists()
+
+
+@pytest.mark.timeout(420)  # longer than its own 330 s bound, so a stuck job is described, not cut off
+def test_a_job_longer_than_its_time_limit_requeues_itself_and_resumes_until_done(slurm, tmp_path):
+    """Issue 13 on Slurm's real time-limit path: --time=2 with the warning 50 s before it. Slurm
+    checks time limits every 30 s and sends the warning up to one such period early, so it comes
+    40-70 s into the allocation (the kill is due at 120 s); the run needs about 80 s of steps, more
+    than a first allocation can give it. The run stops with a checkpoint, the script requeues the
+    job, the requeued job (same id, same folder) resumes it with --resume auto and completes it.
+
+    Two things are shortened, not emulated: Slurm holds a requeued job for its credential lifetime
+    (cred_expire, 120 s) before starting it again, which the test cuts short with StartTime=now
+    (a few seconds after the requeue: a start within the requeue's second is refused with "Job
+    credential revoked"); and the second allocation gets a 5-minute limit, so that the test ends
+    after 2 allocations instead of as many as the machine's load makes it need."""
+    steps = 800  # 0.1 s each (--compute-time): the warning always comes before the run is done
+    env = {k: v for k, v in slurm.items() if k not in ("PGC_OUT", "PGC_ARGS")}
+    began = time.monotonic()
+    proc = _sbatch(env, tmp_path, "--parsable", "-n", "3", "--time=2", "--signal=B:USR1@50", "--export=ALL",
+                   str(SLURM_DIR / "train.sbatch"), "--steps", str(steps), "--compute-time", "0.1",
+                   "--checkpoint-every", "100", "--eval-every", "100", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    log, run = tmp_path / f"pgc-train-{job}.out", tmp_path / "runs" / f"slurm-{job}"  # the default folder
+    until = began + 330
+
+    _wait_for_job(env, job, lambda f: f.get("JobState") == "RUNNING", until, "the first start", log)
+    started = time.monotonic()
+    _wait_for_job(env, job, lambda f: f.get("JobState") == "PENDING" and f.get("Restarts", "0") != "0", until,
+                  "the warning signal and the requeue", log)
+    requeued = time.monotonic()
+    first = log.read_text()
+    assert "SIGUSR1 (the time limit is near)" in first and f"requeueing job {job}" in first, first
+    assert events_of(run, "summary")[-1]["status"] == "stopped by SIGUSR1"
+    done_before = len(steps_of(run))
+    assert 0 < done_before < steps
+
+    time.sleep(5)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now", "TimeLimit=5"], env=env, check=True,
+                   timeout=30)
+    final = _wait_for_job(env, job, lambda f: f.get("JobState") not in ACTIVE, until, "the resumed run", log)
+    ended = time.monotonic()
+    output = log.read_text()
+    assert final["JobState"] == "COMPLETED" and final["ExitCode"] == "0:0", output[-6000:]
+    assert final["Restarts"] == "1"
+    assert output.startswith(first), "the first start's log lines were lost (--open-mode=append)"
+    assert f"job {job}, start 2" in output and "resumed from" in output, output[-6000:]
+
+    assert [r["step"] for r in steps_of(run)] == list(range(steps))  # every step once, in order
+    summaries = events_of(run, "summary")
+    assert [s["status"] for s in summaries] == ["completed"] and summaries[0]["steps"] == steps
+    recorded = json.loads((run / "config.json").read_text())
+    assert recorded["resumed_from_step"] == done_before  # the checkpoint written when the warning stopped it
+    provenance = recorded["provenance"]
+    assert provenance["slurm"]["SLURM_JOB_ID"] == job and provenance["slurm"]["SLURM_RESTART_COUNT"] == "1"
+    assert [start["slurm"]["SLURM_JOB_ID"] for start in provenance["earlier_starts"]] == [job]
+    print(f"first start after {started - began:.0f} s, warning and requeue {requeued - started:.0f} s into it "
+          f"({done_before} steps), resumed run done {ended - requeued:.0f} s after the requeue")
+
+
+@pytest.mark.timeout(300)
+def test_script_arguments_reach_pgc_train_intact_and_scancel_does_not_requeue(slurm, tmp_path):
+    """pgc-train's options as the script's arguments: values with spaces and commas arrive as
+    given, beside PGC_ARGS (the older way); an --out among them is the folder the script watches.
+    scancel (SIGTERM) stops the run and the job for good: a job that requeued itself would come back."""
+    config = tmp_path / "my configs" / "digits, short.toml"
+    config.parent.mkdir()
+    config.write_text("eval-every = 7\n")
+    delay = "exp:0.001 + fixed:0,1:0.001"
+    out = tmp_path / "run 1, digits"
+    env = {k: v for k, v in slurm.items() if k != "PGC_OUT"} | {"PGC_ARGS": "--steps 1000000 --compute-time 0.05"}
+    proc = _sbatch(env, tmp_path, "--parsable", "-n", "3", "--time=5", "--export=ALL", str(SLURM_DIR / "train.sbatch"),
+                   "--config", str(config), "--delay", delay, "--out", str(out), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    log = tmp_path / f"pgc-train-{job}.out"
+    until = time.monotonic() + 240
+    _wait_for_job(env, job, lambda f: (out / "metrics.jsonl").exists() and bool(steps_of(out)), until,
+                  "the first step", log)
+    recorded = json.loads((out / "config.json").read_text())
+    assert recorded["config"]["delay"] == delay and recorded["config"]["out"] == str(out)
+    assert recorded["config"]["eval_every"] == 7 and recorded["config"]["steps"] == 1000000  # the file's; PGC_ARGS'
+    command = recorded["provenance"]["command_line"]
+    assert command[command.index("--config") + 1] == str(config), command
+    subprocess.run(["scancel", job], env=env, check=True, timeout=30)
+    final = _wait_for_job(env, job, lambda f: f.get("JobState") not in ACTIVE or f.get("Restarts", "0") != "0",
+                          until, "the cancelled job to end", log)
+    output = log.read_text()
+    assert final["JobState"] == "CANCELLED" and final["Restarts"] == "0", output[-6000:]
+    assert f"output in {out}" in output and "SIGTERM" in output and "requeueing" not in output, output[-6000:]
