@@ -1,7 +1,7 @@
 """The run folder: one run's outputs, never mixed with another run's.
 
-pgc-train writes config.json, metrics.jsonl, checkpoints/ and params.npy into its output folder
-(`--out`). Before anything is written, rank 0 decides what the folder may receive (`plan`):
+pgc-train writes config.json, metrics.jsonl, messages.bin, checkpoints/ and params.npy into its
+output folder (`--out`). Before anything is written, rank 0 decides what the folder may receive (`plan`):
 
 - a folder that holds none of those outputs (absent, empty, or holding only other files, such
   as a batch script's log): the run starts there;
@@ -31,7 +31,8 @@ from .config import TrainConfig, slurm_run_name
 from .errors import ConfigError
 
 _CHECKPOINT = re.compile(r"ckpt-(\d{8})\.h5$")
-OUTPUTS = ("config.json", "metrics.jsonl", "checkpoints", "params.npy")  # config.json first: see clear()
+# config.json first: see clear()
+OUTPUTS = ("config.json", "messages.bin", "metrics.jsonl", "checkpoints", "params.npy")
 
 # Options that may change when a run is resumed: when and how much to train, evaluate, checkpoint
 # and log, and where things are. Every other option shapes the trajectory and must match.
@@ -104,6 +105,9 @@ def plan(cfg: TrainConfig, workers: int) -> TrainConfig:
         _check_same_run(cfg, workers, out)
         if list_checkpoints(out / "checkpoints"):
             return replace(cfg, resume="latest")
+        if _completed(out):  # nothing to continue from, and starting again would delete a finished run
+            raise ConfigError(f"--resume auto: {out} holds a completed run and no checkpoint to continue it from; "
+                              f"use --overwrite to run it again, or another --out")
         return replace(cfg, resume=None, overwrite=True)  # killed before its first checkpoint: start it again
     if cfg.resume is not None:
         if holds_run(out) and (out / "metrics.jsonl").exists():
@@ -114,6 +118,18 @@ def plan(cfg: TrainConfig, workers: int) -> TrainConfig:
         raise ConfigError(f"--out {out} already holds a run ({present}); continue it with --resume auto, delete "
                           f"its outputs with --overwrite, or choose another --out")
     return cfg
+
+
+def _completed(out: Path) -> bool:
+    """Whether the folder's metrics end with a "completed" summary."""
+    from .metrics import read_metrics
+    from .results import run_status
+
+    path = out / "metrics.jsonl"
+    try:
+        return path.is_file() and run_status(read_metrics(path)) == "completed"
+    except ValueError:  # a line cut short by a crash: not a completed run
+        return False
 
 
 def _resume_folder(cfg: TrainConfig) -> Path | None:

@@ -54,6 +54,11 @@ def test_resume_auto_resolves_to_the_checkpoint_or_a_fresh_start(tmp_path):
     _write_run(killed_early, TrainConfig(out=str(killed_early)))
     planned = run_folder.plan(TrainConfig(out=str(killed_early), resume="auto"), 3)
     assert planned.resume is None and planned.overwrite  # same run, no checkpoint: started again from step 0
+    with (killed_early / "metrics.jsonl").open("a") as fh:  # it completed: starting again would delete it
+        fh.write('{"event": "summary", "status": "completed"}\n')
+    with pytest.raises(ConfigError, match="holds a completed run and no checkpoint to continue it from; use "
+                                          "--overwrite"):
+        run_folder.plan(TrainConfig(out=str(killed_early), resume="auto"), 3)
     later = tmp_path / "later"
     _write_run(later, TrainConfig(out=str(later)), checkpoints=(10,))
     assert run_folder.plan(TrainConfig(out=str(later), resume="auto", steps=500), 3).resume == "latest"
