@@ -32,6 +32,7 @@ _LAZY = {
     "realized_delays": "results",
     "summarize_run": "results",
     "read_metrics": "metrics",
+    "read_steps": "message_log",
     "Message": "message",
     "MessageRecord": "message",
 }

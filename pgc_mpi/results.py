@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .message import MessageRecord
+from .message_log import with_messages
 from .metrics import read_metrics
 
 
@@ -46,13 +47,14 @@ class RunSummary:
 
 
 def load_run(run_dir: Path) -> tuple[dict, list[dict], list[dict], str]:
-    """(config, per-step records, eval records, how it ended: run_status) of one run directory."""
+    """(config, per-step records with their per-message lists (from messages.bin), eval records, how it
+    ended: run_status) of one run directory."""
     import json
 
     config = json.loads((Path(run_dir) / "config.json").read_text())
     records = read_metrics(Path(run_dir) / "metrics.jsonl")
-    return (config, [r for r in records if "event" not in r], [r for r in records if r.get("event") == "eval"],
-            run_status(records))
+    steps = with_messages([r for r in records if "event" not in r], run_dir)
+    return config, steps, [r for r in records if r.get("event") == "eval"], run_status(records)
 
 
 def run_status(records: list[dict]) -> str:

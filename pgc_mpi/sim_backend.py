@@ -3,12 +3,13 @@
 With `backend = "sim"` in an experiment file, every run is `pgc_mpi.simulate` on the experiment's
 torch model and data set (the same `dataset`, `model`, `batch_size`, `dtype` options as
 pgc-train) instead of an MPI job, and its outputs have pgc-train's layout (config.json,
-metrics.jsonl with step, eval and summary records), so the same gather, statistics and figures
-apply. Times are simulated: every partition gradient takes `compute_time` seconds (required)
-plus the injected delays; what the simulator leaves out is measured in docs/BENCHMARKS.md
-(the simulator against the MPI runtime). pgc-train options the simulator has no use for
-(checkpoints, polling, threads, ...) are ignored; ddp is not simulated (its simulated
-equivalent is dgd).
+metrics.jsonl with step, eval and summary records, the step records' per-message lists in
+messages.bin: pgc_mpi.message_log), so the same gather, statistics and figures apply
+(SimResult.records in memory keep the lists). Times are simulated: every partition gradient
+takes `compute_time` seconds (required) plus the injected delays; what the simulator leaves
+out is measured in docs/BENCHMARKS.md (the simulator against the MPI runtime). pgc-train options
+the simulator has no use for (checkpoints, polling, threads, ...) are ignored; ddp is not
+simulated (its simulated equivalent is dgd).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from .config import CORE_FIELDS, SimConfig, TrainConfig
 from .errors import ConfigError
+from .message_log import MessageLog
 from .metrics import MetricsWriter, write_json
 
 # pgc-train options a simulated run honours besides the shared ones (CORE_FIELDS)
@@ -50,15 +52,16 @@ def run_simulated(options: dict[str, Any], workers: int, out: Path) -> None:
     write_json(out / "config.json", {"config": {**dataclasses.asdict(cfg), **problem_options}, "workers": workers,
                                      "backend": "sim", **cfg.scheme_shape(scheme), "parameters": problem.dim})
     result = simulate(cfg, problem)
-    metrics = MetricsWriter(out)
+    metrics, messages = MetricsWriter(out), MessageLog(out)
     evals = {e["step"]: e for e in result.evals}
     try:
         for record in result.records:
-            metrics.write(record)
+            metrics.write(messages.write(record))
             if record["step"] in evals:  # the simulator evaluated after this step
                 metrics.write({"event": "eval", **{k: v for k, v in evals[record["step"]].items() if k != "wall_time"}})
         metrics.write({"event": "summary", "status": "stalled: " + result.stalled if result.stalled else "completed",
                        "steps": len(result.records), "backend": "sim"})
     finally:
         metrics.close()
+        messages.close()
 

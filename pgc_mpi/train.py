@@ -334,9 +334,9 @@ def _saved_line(summary: dict) -> str:
 
 
 def _read_steps(path: Path) -> list[dict]:
-    from .metrics import read_metrics
+    from .message_log import read_steps
 
-    return [r for r in read_metrics(path) if "event" not in r]
+    return read_steps(path.parent)  # with their per-message lists, from messages.bin
 
 
 def cli() -> None:

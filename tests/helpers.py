@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from pgc_mpi import shm
+from pgc_mpi.message_log import read_steps
 from pgc_mpi.metrics import read_metrics
 
 BIN = Path(sys.executable).parent
@@ -65,8 +66,8 @@ def require_fashion_mnist() -> None:
 
 
 def steps_of(out: Path) -> list[dict]:
-    """The per-step records of a run's metrics.jsonl."""
-    return [r for r in read_metrics(out / "metrics.jsonl") if "event" not in r]
+    """The per-step records of a run's metrics.jsonl, with their per-message lists from messages.bin."""
+    return read_steps(out)
 
 
 def events_of(out: Path, event: str) -> list[dict]:

@@ -43,8 +43,9 @@ def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
     assert not leaked_segments(segments)  # nothing left in /dev/shm to hang a later job (pgc_mpi.shm)
     latest = sorted((cut / "checkpoints").glob("ckpt-*.h5"))[-1]
     at = int(latest.stem.split("-")[1])
+    # the same run resumed (its delay too: a resume must describe the same run; dgd's trajectory ignores it)
     proc = run_train(4, ["--scheme", "dgd", "--steps", "24", "--resume", "latest", "--record-params",
-                         "--out", str(cut), *BASE])
+                         "--delay", "fixed:0:0.05", "--out", str(cut), *BASE])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"resumed from {latest}" in proc.stderr
     steps = [r["step"] for r in steps_of(cut)]
@@ -114,9 +115,14 @@ def test_corrupt_and_mismatched_checkpoints_are_clear_errors(tmp_path):
     proc = run_train(4, ["--scheme", "gc-cr", "--steps", "4", "--checkpoint-every", "2", "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     ckpt = sorted((tmp_path / "checkpoints").glob("ckpt-*.h5"))[-1]
+    # into the checkpoint's own folder, the folder's config.json refuses another run first ...
     other = run_train(4, ["--scheme", "pgc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
+    assert other.returncode != 0 and "describes another run: scheme 'gc-cr' (this run: 'pgc-cr')" in other.stderr
+    # ... and resumed into a new folder (a fork), the checkpoint itself does
+    fork = str(tmp_path / "fork")
+    other = run_train(4, ["--scheme", "pgc-cr", "--steps", "8", "--resume", str(ckpt), "--out", fork], timeout=60)
     assert other.returncode != 0 and "the checkpoint is for scheme = 'gc-cr', this run has 'pgc-cr'" in other.stderr
-    wider = run_train(5, ["--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
+    wider = run_train(5, ["--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt), "--out", fork], timeout=60)
     assert wider.returncode != 0 and "n = 3, this run has 4" in wider.stderr
     with h5py.File(ckpt, "a") as f:
         del f["params"]

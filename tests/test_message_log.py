@@ -1,0 +1,168 @@
+"""messages.bin (pgc_mpi.message_log): step records' per-message lists out of metrics.jsonl and back."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pgc_mpi.message import MessageRecord
+from pgc_mpi.message_log import NAME, MessageLog, blocks, pack, read_steps
+from pgc_mpi.metrics import MetricsWriter, _plain, read_metrics
+from pgc_mpi.run_folder import OUTPUTS
+
+LISTS = ("messages", "arrivals", "used", "rejected", "versions", "ages")
+COUNTS = ("n_messages", "n_arrivals", "n_used")
+
+
+def _json(record: dict) -> dict:
+    """A record as metrics.jsonl held it before messages.bin: what read_steps must give back."""
+    return json.loads(json.dumps(_plain(record)))
+
+
+def _same(got: dict, record: dict) -> None:
+    """`got` (read back) is `record` (in memory) in its JSON form, times to the nanosecond, plus the counts."""
+    want = _json(record)
+    assert {k: v for k, v in got.items() if k not in ("time", *COUNTS, "messages")} == \
+        {k: v for k, v in want.items() if k != "messages"}
+    assert [m[:2] + m[4:6] for m in got["messages"]] == [m[:2] + m[4:6] for m in want["messages"]]
+    for mine, theirs in zip(got["messages"], want["messages"], strict=True):
+        for k in (2, 3, 6):  # delay, compute_time, real_compute_time
+            assert (mine[k] is None) == (theirs[k] is None)
+            assert mine[k] is None or mine[k] == pytest.approx(theirs[k], abs=0.51e-9)
+    assert got["n_messages"] == len(record["messages"]) and got["n_used"] == len(record["used"])
+
+
+def _write(out, records, keep_steps_before=None):
+    metrics, log = MetricsWriter(out, keep_steps_before), MessageLog(out, keep_steps_before)
+    for record in records:
+        metrics.write(log.write(record))
+    metrics.close()
+    log.close()
+
+
+@pytest.mark.parametrize("scheme, options", [("pgc-cr", {}), ("pbs", {"max_staleness": 1})])
+def test_a_simulated_run_folder_reads_back_as_the_simulator_recorded_it(tmp_path, scheme, options):
+    from pgc_mpi.models import load_problem
+    from pgc_mpi.sim import simulate
+    from pgc_mpi.sim_backend import run_simulated, sim_config
+
+    options = {"scheme": scheme, "stragglers": 1, "steps": 25, "eval_every": 5, "compute_time": 0.3,
+               "delay": "random:2:2.5" if scheme == "pbs" else "exp:1.0", "seed": 3, **options}
+    run_simulated(options, 6, tmp_path)
+    direct = simulate(sim_config(options, 6), load_problem("digits", "logreg", 6, 32, seed=3))
+    got = read_steps(tmp_path)
+    assert len(got) == len(direct.records) == 25
+    for mine, record in zip(got, direct.records):
+        _same(mine, record)
+    assert ("ages" in got[0]) == (scheme == "pbs") and ("versions" in got[0]) == (scheme != "pbs")
+    if scheme == "pbs":
+        assert any(r["rejected"] for r in got)  # over --max-staleness: flagged, listed again
+    # metrics.jsonl itself holds no per-worker list, and the other records are untouched
+    lines = read_metrics(tmp_path / "metrics.jsonl")
+    assert not any(key in line for line in lines for key in LISTS)
+    assert [r["event"] for r in lines if "event" in r] == ["eval"] * 5 + ["summary"]
+
+
+def _coded_record() -> dict:
+    """A coded step as CodedCollector.record builds it: late, over-stale, malformed, used and unused messages."""
+    messages = [MessageRecord(3, 6, 0.25, 0.5, 2, "late", 0.4), MessageRecord(1, 7, 0.0, 1e-3, 1, "used", 1e-4),
+                MessageRecord(2, 7, 1.5, 0.5, 1, "stale", math.nan), MessageRecord.rejected(0),
+                MessageRecord(0, 7, 3.0, 0.5, 1, "accepted", 0.2), MessageRecord(4, 7, 0.1, 0.5, 1, "used", 0.1)]
+    return {"step": 7, "wall_time": 1.0, "arrivals": [1, 0, 4], "used": [1, 4], "late": 1, "rejected": [2],
+            "stale_rejected": 1, "messages": messages, "versions": {1: [7, 6], 0: [7, 5], 4: [7, 6]},
+            "train_loss": 0.5}
+
+
+def _pbs_record() -> dict:
+    """A pbs step: a worker's several messages, stale against the table (arrived) and over the bound (not)."""
+    messages = [MessageRecord(2, 4, 0.1, 0.5, 1, "stale"), MessageRecord(2, 5, 0.2, 0.5, 1, "used"),
+                MessageRecord(0, 2, 0.3, 0.5, 1, "stale"), MessageRecord(1, 5, 0.4, 0.5, 1, "used"),
+                MessageRecord(0, 5, 0.5, 0.5, 1, "stale")]
+    return {"step": 5, "arrivals": [2, 2, 1, 0], "used": [2, 2, 1, 0], "rejected": [0], "messages": messages,
+            "ages": [0, 1, -1], "new_gradients": 2}
+
+
+@pytest.mark.parametrize("record", [_coded_record(), _pbs_record()], ids=["coded", "pbs"])
+def test_the_lists_come_back_exactly(tmp_path, record):
+    _write(tmp_path, [record])
+    (got,) = read_steps(tmp_path)
+    _same(got, record)
+    slim = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert not set(slim) & set(LISTS) and slim["n_arrivals"] == len(record["arrivals"])
+
+
+def test_times_given_with_few_decimals_come_back_exactly_and_nan_as_none(tmp_path):
+    _write(tmp_path, [_coded_record()])
+    (got,) = read_steps(tmp_path)
+    assert got["messages"][0] == [3, 6, 0.25, 0.5, 2, "late", 0.4]
+    assert got["messages"][1][3:] == [1e-3, 1, "used", 1e-4]
+    assert got["messages"][2][6] is None and got["messages"][3] == [0, -1, None, None, 0, "rejected", None]
+
+
+def test_a_list_the_flags_cannot_express_stays_in_the_json(tmp_path):
+    odd = {**_coded_record(), "arrivals": [4, 1, 0], "versions": {4: [7, 6], 1: [7, 6], 0: [7, 5]}}
+    slim, block = pack(odd)
+    assert slim["arrivals"] == [4, 1, 0] and slim["versions"] == odd["versions"] and "used" in slim
+    assert "messages" not in slim and "rejected" not in slim
+    _write(tmp_path, [odd, {"step": 8, "train_loss": 1.0}])  # and a record without messages passes as it is
+    got = read_steps(tmp_path)
+    _same(got[0], odd)
+    assert got[1] == {"step": 8, "train_loss": 1.0, "time": got[1]["time"]}
+
+
+def test_a_truncated_or_damaged_last_block_is_ignored(tmp_path):
+    records = [{**_coded_record(), "step": t} for t in range(5)]
+    _write(tmp_path, records)
+    path = tmp_path / NAME
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-7])  # killed while writing the last block
+    assert [b.step for _, b in blocks(path)] == [0, 1, 2, 3]
+    got = read_steps(tmp_path)
+    assert all("messages" in r for r in got[:4]) and "messages" not in got[4]  # its block is lost, not invented
+    path.write_bytes(whole[:-7] + b"\0" * 200)  # garbage after it
+    assert [b.step for _, b in blocks(path)] == [0, 1, 2, 3]
+    path.write_bytes(whole[:40] + b"X" + whole[41:])  # a flipped byte in the first block's body: the CRC says so
+    assert list(blocks(path)) == []
+
+
+def test_a_resume_keeps_the_blocks_of_earlier_steps(tmp_path):
+    first = [{**_coded_record(), "step": t} for t in range(10)]
+    _write(tmp_path, first)
+    path = tmp_path / NAME
+    path.write_bytes(path.read_bytes()[:-5])  # and the job was killed writing step 9's block
+    again = [{**_pbs_record(), "step": t} for t in range(6, 12)]  # the continuation, resumed at step 6
+    _write(tmp_path, again, keep_steps_before=6)
+    got = read_steps(tmp_path)
+    assert [r["step"] for r in got] == list(range(12)) and [b.step for _, b in blocks(path)] == list(range(12))
+    for mine, record in zip(got, first[:6] + again):
+        _same(mine, record)
+    _write(tmp_path, [{**_pbs_record(), "step": 0}], keep_steps_before=0)  # resumed at 0: nothing is kept
+    assert [b.step for _, b in blocks(path)] == [0]
+
+
+def test_step_records_in_json_do_not_grow_with_the_workers(tmp_path):
+    from pgc_mpi.config import SimConfig
+    from pgc_mpi.problems import Logistic
+    from pgc_mpi.sim import simulate
+
+    sizes = {}
+    for scheme in ("pgc-cr", "pbs"):
+        for n in (50, 500):
+            res = simulate(SimConfig(scheme=scheme, workers=n, stragglers=5, steps=6, delay="exp:1.0",
+                                     compute_time=1.0, eval_every=100), Logistic(n, samples=4 * n, dim=4, batch_size=2))
+            out = tmp_path / f"{scheme}-{n}"
+            _write(out, res.records)
+            lines = (out / "metrics.jsonl").read_text().splitlines()
+            sizes[scheme, n] = (sum(map(len, lines)) / len(lines), (out / NAME).stat().st_size / len(lines),
+                                sum(len(json.dumps(_plain(r))) for r in res.records) / len(lines))
+    for scheme in ("pgc-cr", "pbs"):
+        (small, _, _), (big, binary, before) = sizes[scheme, 50], sizes[scheme, 500]
+        assert abs(big - small) < 40, sizes  # the same fields, a few more digits in the counts
+        assert big < 600 and before > 40 * big, sizes  # was 60-140 bytes per worker
+        assert binary < 20 * 500 * (2 if scheme == "pbs" else 1), sizes  # a few bytes per message
+
+
+def test_the_run_folder_knows_the_file():
+    assert OUTPUTS[:2] == ("config.json", NAME)  # --overwrite clears it, a folder holding it holds a run
