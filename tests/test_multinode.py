@@ -1,0 +1,140 @@
+"""Runs across nodes, on a 3-node Slurm cluster emulated on this machine (launch/slurm/multinode-up.sh:
+each node its own network, hostname, IPC and /dev/shm; MPI between nodes over TCP).
+
+Needs root, iproute2 and Slurm; without them these tests skip, except in CI (CI=true), where
+that is a failure. Every sbatch is bounded in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import events_of, run_train, steps_of
+
+ROOT = Path(__file__).resolve().parents[1]
+SLURM_DIR = ROOT / "launch" / "slurm"
+NODES = ["node1", "node2", "node3"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tools = ("slurmctld", "slurmd", "sbatch", "munged", "ip", "nsenter")
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing or os.geteuid() != 0:
+        why = f"missing {missing}" if missing else "not root"
+        if os.environ.get("CI"):
+            pytest.fail(f"the emulated cluster cannot come up ({why}): CI must run as root with Slurm and iproute2")
+        pytest.skip(f"the emulated cluster needs root, Slurm and iproute2 ({why})")
+    # PGC_MN_DIR lets .ci/run take the cluster down even if this test process dies
+    state = os.environ.get("PGC_MN_DIR") or str(tmp_path_factory.mktemp("multinode"))
+    env = {**os.environ, "PGC_MN_DIR": state}
+    subprocess.run([str(SLURM_DIR / "multinode-down.sh")], env=env, capture_output=True, timeout=60)
+    up = subprocess.run([str(SLURM_DIR / "multinode-up.sh"), "3", "8"], env=env, capture_output=True, text=True,
+                        timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    yield {**env, "SLURM_CONF": f"{state}/etc/slurm.conf", "PGC_VENV": sys.prefix, "MPIEXEC_TIMEOUT": "240",
+           "OMP_NUM_THREADS": "1"}
+    subprocess.run([str(SLURM_DIR / "multinode-down.sh")], env=env, capture_output=True, timeout=120)
+
+
+def _sbatch(env: dict, cwd: Path, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    """sbatch --wait, bounded here and by the job's own --time; a job still there is cancelled."""
+    proc = subprocess.run(["sbatch", "--wait", "--parsable", "--time=4", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+    job = proc.stdout.strip().split(";")[0]
+    if job:
+        subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
+    return proc
+
+
+def _plant_stale_segment(env: dict, node: int) -> str:
+    """A file made like an MPICH segment a killed job left on that node's /dev/shm, a minute old."""
+    name = f"mpich_shm_dead{node:04x}_0"
+    script = f"umask 077; head -c 4096 /dev/zero > /dev/shm/{name}; touch -d '-1 min' /dev/shm/{name}"
+    subprocess.run([str(SLURM_DIR / "multinode-exec.sh"), str(node), "sh", "-c", script], env=env, check=True,
+                   timeout=30)
+    return name
+
+
+def _on_node(env: dict, node: int, path: str) -> bool:
+    return subprocess.run([str(SLURM_DIR / "multinode-exec.sh"), str(node), "test", "-e", path], env=env,
+                          timeout=30).returncode == 0
+
+
+def _hosts(run: Path) -> list[str]:
+    return json.loads((run / "config.json").read_text())["provenance"]["hosts"]
+
+
+DGD = ["--scheme", "dgd", "--steps", "20", "--dtype", "float64", "--record-params", "--eval-every", "10"]
+
+
+def test_a_run_across_three_nodes_equals_the_same_run_on_one(cluster, tmp_path):
+    """train.sbatch with -N 3: ranks on every node (config.json's hosts say so), the stale-segment
+    clean-up ran on each node's own /dev/shm, and float64 dgd's trajectory is the one-node run's."""
+    planted = {node: _plant_stale_segment(cluster, node) for node in (1, 2, 3)}
+    run = tmp_path / "across"
+    proc = _sbatch(cluster, tmp_path, ["-N", "3", "-n", "7", "-o", str(tmp_path / "job.out"),
+                                       str(SLURM_DIR / "train.sbatch"), *DGD, "--out", str(run)])
+    log = (tmp_path / "job.out").read_text()
+    assert proc.returncode == 0, proc.stderr + log[-3000:]
+    assert set(_hosts(run)) == set(NODES) and _hosts(run)[0] == "node1"
+    assert [r["status"] for r in events_of(run, "summary")] == ["completed"]
+    for node, name in planted.items():  # every node with ranks cleaned its own /dev/shm
+        assert not _on_node(cluster, node, f"/dev/shm/{name}"), f"node{node} kept {name}"
+    assert log.count("stale MPICH shared-memory segment") >= 3
+    local = tmp_path / "local"
+    assert run_train(7, [*DGD, "--out", str(local)], timeout=180).returncode == 0
+    assert np.abs(np.load(run / "params.npy") - np.load(local / "params.npy")).max() < 1e-10
+
+
+def test_the_readme_recipe_puts_the_master_on_a_node_of_its_own(cluster, tmp_path):
+    """The README's multi-node command, verbatim (from the project folder; only PGC_OUT added)."""
+    readme = (ROOT / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if "PGC_MASTER_ALONE=1" in line and line.startswith("sbatch"))
+    run = tmp_path / "alone"
+    env = {**cluster, "PGC_OUT": str(run)}
+    args = shlex.split(line)[1:]
+    proc = _sbatch(env, ROOT, ["-o", str(tmp_path / "job.out"), *args])
+    log = (tmp_path / "job.out").read_text()
+    assert proc.returncode == 0, proc.stderr + log[-3000:]
+    hosts = _hosts(run)
+    assert hosts[0] == "node1" and "node1" not in hosts[1:] and set(hosts[1:]) == {"node2", "node3"}
+    assert "master alone on node1" in log
+    assert [r["status"] for r in events_of(run, "summary")] == ["completed"]
+
+
+def test_mpich_mpiexec_across_nodes_inside_an_allocation(cluster, tmp_path):
+    run = tmp_path / "hydra"
+    env = {**cluster, "PGC_LAUNCHER": "mpiexec", "PGC_MASTER_ALONE": "1"}
+    proc = _sbatch(env, tmp_path, ["-N", "3", "--ntasks-per-node=2", "-o", str(tmp_path / "job.out"),
+                                   str(SLURM_DIR / "train.sbatch"), *DGD, "--out", str(run)])
+    assert proc.returncode == 0, proc.stderr + (tmp_path / "job.out").read_text()[-3000:]
+    assert _hosts(run) == ["node1", "node2", "node2", "node3", "node3"]
+    assert len(steps_of(run)) == 20
+
+
+def test_a_sweep_spreads_its_array_tasks_over_the_nodes(cluster, tmp_path):
+    exp = tmp_path / "exp.toml"
+    exp.write_text('name = "spread"\nworkers = 3\nschemes = ["dgd", "pgc-cr"]\ns = [1]\nseeds = [0, 1, 2]\n'
+                   'target_loss = 1.9\ntimeout = 200\n[train]\nsteps = 10\neval_every = 5\n')
+    out = tmp_path / "out"
+    began = time.monotonic()
+    proc = subprocess.run([str(SLURM_DIR / "submit-sweep.sh"), str(exp), str(out), "--time=4", "--nodes=1"],
+                          env={**cluster, "SUBMIT_WAIT": "1"}, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=420)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = sorted(p.parent for p in out.glob("*/config.json"))
+    assert len(runs) == 6 and (out / "results.md").is_file()
+    nodes = {_hosts(run)[0] for run in runs}  # each task on one node; the array over several
+    assert len(nodes) >= 2, nodes
+    assert time.monotonic() - began < 420
