@@ -26,5 +26,5 @@ mn_exec() {
 # mn_alive PIDFILE: the process exists and is not a zombie (orphans are reaped late here)
 mn_alive() {
   local state
-  [ -f "$1" ] && state=$(sed -E 's/^[0-9]+ \(.*\) (.).*/\1/' "/proc/$(cat "$1")/stat" 2>/dev/null) && [ "$state" != Z ]
+  [ -f "$1" ] && state=$(sed -E 's/^[0-9]+ \(.*\) (.).*/\1/' "/proc/$(cat "$1" 2>/dev/null)/stat" 2>/dev/null) && [ "$state" != Z ]
 }
