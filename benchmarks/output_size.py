@@ -4,7 +4,7 @@
 
 Each scheme is simulated (logistic regression, n = --workers, s = 10, exponential delays of mean
 1 s, 1 s per partition gradient) and its records are written as pgc-train and the simulator
-backend write them (MetricsWriter, MessageLog); the bytes per step are extrapolated to
+backend write them (MetricsWriter, with its MessageLog); the bytes per step are extrapolated to
 --per steps. Also printed: the size the same records took in metrics.jsonl alone before
 messages.bin, and the CPU time of writing one step record both ways.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from pgc_mpi.config import SimConfig
-from pgc_mpi.message_log import NAME, MessageLog
-from pgc_mpi.metrics import MetricsWriter, _plain, write_json
+from pgc_mpi.message_log import NAME
+from pgc_mpi.metrics import MetricsWriter, _plain, json_line, write_json
 from pgc_mpi.problems import Logistic
 from pgc_mpi.sim import simulate
 
@@ -37,22 +37,21 @@ def measure(scheme: str, args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         write_json(out / "config.json", {"config": cfg.__dict__, "workers": n})
-        metrics, log = MetricsWriter(out), MessageLog(out)
+        metrics = MetricsWriter(out)  # metrics.jsonl and messages.bin
         cpu = []
         for record in res.records:
             t0 = time.process_time()
-            metrics.write(log.write(record))
+            metrics.write(record)
             cpu.append(time.process_time() - t0)
         metrics.close()
-        log.close()
-        size = {p.name: p.stat().st_size for p in out.iterdir()}
-        old = MetricsWriter(out / "before")
-        before = []
-        for record in res.records[:50]:
-            t0 = time.process_time()
-            old.write(record)
-            before.append(time.process_time() - t0)
-        old.close()
+        size = {p.name: p.stat().st_size for p in out.iterdir() if p.is_file()}
+        before = []  # the same records as whole JSON lines, as metrics.jsonl held them before messages.bin
+        with (out / "before.jsonl").open("w", buffering=1) as old:
+            for record in res.records[:50]:
+                t0 = time.process_time()
+                old.write(json_line(record))
+                old.flush()
+                before.append(time.process_time() - t0)
     json_bytes = sum(len(json.dumps(_plain(r))) + 1 for r in res.records)
     per_step = (size["metrics.jsonl"] + size[NAME]) / steps
     total = per_step * args.per + size["config.json"]

@@ -50,8 +50,7 @@ from typing import Any, NamedTuple
 from .choices import BUILTIN_DATASETS, PEER_SCHEMES
 from .config import TrainConfig, tomllib
 from .errors import ConfigError, PgcError
-from .metrics import read_metrics
-from .results import PAPER_RUN, RunSummary, run_status, summarize_run
+from .results import PAPER_RUN, RunSummary, run_completed, summarize_run
 from .schemes import SCHEME_NAMES
 from .stats import Interval, interval
 
@@ -349,7 +348,7 @@ def run_dir_of(out: Path, exp: dict[str, Any], key: RunKey) -> Path:
 
 def gather(exp: dict[str, Any], out: Path, todo: list[RunKey]) -> int:
     """Summarize the finished runs under `out` into results.csv, results.md and figures."""
-    finished = {key: run_dir_of(out, exp, key) for key in todo if _completed(run_dir_of(out, exp, key))}
+    finished = {key: run_dir_of(out, exp, key) for key in todo if run_completed(run_dir_of(out, exp, key))}
     missing = [key for key in todo if key not in finished]
     for key in missing:
         print(f"no completed run for {key.describe(exp)} in {out}", file=sys.stderr)
@@ -392,12 +391,6 @@ def gather(exp: dict[str, Any], out: Path, todo: list[RunKey]) -> int:
     if target is not None and any(r["scheme"] == "dgd" for r in aggregated):
         print(draw_ratios(aggregated, out, f"{exp['name']}: {exp['workers']} workers, seeds {exp['seeds']}"))
     return 1 if missing else 0
-
-
-def _completed(run_dir: Path) -> bool:
-    """Whether a run directory holds a finished run (its summary record says completed)."""
-    path = run_dir / "metrics.jsonl"
-    return path.is_file() and run_status(read_metrics(path)) == "completed"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -466,7 +459,7 @@ def _reusable(exp: dict[str, Any], out: Path, keys: list[RunKey]) -> set[RunKey]
     done = set()
     for key in keys:
         run_dir = run_dir_of(out, exp, key)
-        if not _completed(run_dir):
+        if not run_completed(run_dir):
             continue
         toml = run_dir / "run.toml"
         if not toml.is_file() or toml.read_text() != run_toml(exp, key):

@@ -72,7 +72,6 @@ from .control import ControlSettings
 from .errors import PgcError
 from .master import RunTotals
 from .message import Message
-from .message_log import MessageLog
 from .metrics import MetricsWriter, Progress
 from .models import TorchProblem
 from .optim import FlatOptimizer
@@ -258,7 +257,6 @@ class Monitor:
         self.inbox = PeerInbox(self.peers.link, n, self.reports, self.params, self.cfg.poll_interval)
         # dgd's collector writes the record; the payloads are dummies (the gradient is not here)
         self.collector = make_collector(self.scheme, np.zeros(1))
-        self.messages = MessageLog(self.metrics.path.parent)  # the records' per-message lists (no resume in ddp)
         self._nothing = np.zeros(1)
         self.grad_bytes = n * self.problem.dim * np.dtype(self.cfg.dtype).itemsize
         if self.cfg.record_params:
@@ -295,7 +293,6 @@ class Monitor:
                 self.inbox.send_verdict(stop)
             if stop:
                 break
-        self.messages.close()
         return self.totals
 
     def _diverged(self, t: int) -> bool:
@@ -319,10 +316,9 @@ class Monitor:
             collector.offer(msg, self._nothing)
         record = collector.record(collector.decode(), False)
         self.totals.steps = t + 1
-        self.metrics.write(self.messages.write({
-            "step": t, "wall_time": float(lead["wall_time"]), "step_time": float(lead["step_time"]), "decode_time": 0.0,
-            "bytes_received": (t + 1) * self.grad_bytes, "allreduce_time": float(self.reports["allreduce_time"].min()),
-            **record}))
+        self.metrics.write({"step": t, "wall_time": float(lead["wall_time"]), "step_time": float(lead["step_time"]),
+                            "decode_time": 0.0, "bytes_received": (t + 1) * self.grad_bytes,
+                            "allreduce_time": float(self.reports["allreduce_time"].min()), **record})
         if self.cfg.record_params:
             self.trajectory.append(self.params.copy())
         self.progress.update(t, record["train_loss"], float(lead["step_time"]), 0)

@@ -23,7 +23,6 @@ from .control import RunControl
 from .diagnostics import TableDiagnostics
 from .errors import Diverged, NotDecodable
 from .message import Message
-from .message_log import MessageLog
 from .metrics import MetricsWriter, Progress, RepeatedWarnings
 from .optim import FlatOptimizer
 from .problems import Problem
@@ -92,10 +91,6 @@ class Master:
         self._warnings = RepeatedWarnings(log)
         self._rejected: dict[int, str] = {}  # this step's rejected workers and why (kind)
         self.start = 0
-        # the step records' per-message lists go to messages.bin beside metrics.jsonl, cut at a
-        # resume as metrics.jsonl is (pgc_mpi.message_log)
-        self.messages = (MessageLog(metrics.path.parent, keep_steps_before=resume.step if resume is not None else None)
-                         if metrics is not None else None)
         if resume is not None:
             self._restore(resume)
         self.trajectory: list[np.ndarray] = [self.w.copy()] if settings.record_params else []
@@ -141,7 +136,6 @@ class Master:
                 break
             if self._finish_step(t, began, dec, missed, extra):
                 break
-        self.messages.close()  # every block is flushed as written: a failure before this loses nothing
         self._warnings.flush()
         if self.totals.diverged is None and control.checkpoint_at_end():
             self.checkpoint()
@@ -300,10 +294,9 @@ class Master:
         totals.deadline_missed += int(missed)
         if self.control.checkpoint_due(t + 1):
             self.checkpoint()
-        self.metrics.write(self.messages.write({
-            "step": t, "wall_time": time.monotonic() - self._started - self.control.eval_seconds,
-            "step_time": step_time, "decode_time": self._decode_time, "bytes_received": self.link.bytes_received,
-            **record}))
+        self.metrics.write({"step": t, "wall_time": time.monotonic() - self._started - self.control.eval_seconds,
+                            "step_time": step_time, "decode_time": self._decode_time,
+                            "bytes_received": self.link.bytes_received, **record})
         if self.settings.record_params:
             self.trajectory.append(self.w.copy())
         self.progress.update(t, record["train_loss"], step_time, totals.skipped)

@@ -34,11 +34,16 @@ def _plain(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """metrics.jsonl: one JSON object per line, flushed as written so a killed job keeps it."""
+    """metrics.jsonl: one JSON object per line, flushed as written so a killed job keeps it; the
+    step records' per-message lists go to messages.bin beside it (pgc_mpi.message_log), so that
+    the JSON does not grow with the number of workers."""
 
     def __init__(self, out_dir: Path, keep_steps_before: int | None = None):
-        """A new metrics.jsonl, or, when resuming at step `keep_steps_before`, the existing one with
-        only the records of earlier steps kept (no duplicated or missing steps after a resume)."""
+        """A new metrics.jsonl and messages.bin, or, when resuming at step `keep_steps_before`, the
+        existing ones with only the records of earlier steps kept (no duplicated or missing steps
+        after a resume)."""
+        from .message_log import MessageLog
+
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
         kept: list[str] = []
@@ -56,21 +61,29 @@ class MetricsWriter:
         # appends from here on: a failing rank may append its "failed" summary at any time
         # (train._record_failure), and an append never overwrites another's line
         self._fh: TextIO = self.path.open("a", buffering=1)
+        self._messages = MessageLog(out_dir, keep_steps_before)
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record and flush it (a full disk: one WriteError naming the file). Every record
-        carries "time", when it was written (seconds since the epoch, UTC, to the millisecond),
-        unless it has a "time" of its own."""
-        if "time" not in record:
-            record = {**record, "time": round(time.time(), 3)}
+        """Append one record and flush it (a full disk: one WriteError naming the file); a step
+        record's per-message lists go to messages.bin first. Every record carries "time" (see
+        json_line)."""
         try:
-            self._fh.write(json.dumps(_plain(record)) + "\n")
+            self._fh.write(json_line(self._messages.write(record)))
             self._fh.flush()
         except OSError as exc:
             raise WriteError(write_failure(self.path, exc)) from None
 
     def close(self) -> None:
         self._fh.close()
+        self._messages.close()
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """A metrics record as its line of metrics.jsonl, stamped with "time", when it was written
+    (seconds since the epoch, UTC, to the millisecond), unless it has a "time" of its own."""
+    if "time" not in record:
+        record = {**record, "time": round(time.time(), 3)}
+    return json.dumps(_plain(record)) + "\n"
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -64,6 +64,16 @@ def run_status(records: list[dict]) -> str:
     return "running or killed" if summary is None else str(summary.get("status", "completed"))
 
 
+def run_completed(run_dir: Path) -> bool:
+    """Whether a run directory holds a finished run: its metrics end with a "completed" summary
+    (a metrics file cut short by a crash mid-line is not one)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        return path.is_file() and run_status(read_metrics(path)) == "completed"
+    except ValueError:  # a line cut short by a crash
+        return False
+
+
 def curve(steps: list[dict], evals: list[dict]) -> tuple[list[int], list[float], list[float]]:
     """(step, wall time, loss) points: the full training loss at evaluations when there is one,
     else the test loss."""

@@ -105,7 +105,9 @@ def plan(cfg: TrainConfig, workers: int) -> TrainConfig:
         _check_same_run(cfg, workers, out)
         if list_checkpoints(out / "checkpoints"):
             return replace(cfg, resume="latest")
-        if _completed(out):  # nothing to continue from, and starting again would delete a finished run
+        from .results import run_completed
+
+        if run_completed(out):  # nothing to continue from, and starting again would delete a finished run
             raise ConfigError(f"--resume auto: {out} holds a completed run and no checkpoint to continue it from; "
                               f"use --overwrite to run it again, or another --out")
         return replace(cfg, resume=None, overwrite=True)  # killed before its first checkpoint: start it again
@@ -118,18 +120,6 @@ def plan(cfg: TrainConfig, workers: int) -> TrainConfig:
         raise ConfigError(f"--out {out} already holds a run ({present}); continue it with --resume auto, delete "
                           f"its outputs with --overwrite, or choose another --out")
     return cfg
-
-
-def _completed(out: Path) -> bool:
-    """Whether the folder's metrics end with a "completed" summary."""
-    from .metrics import read_metrics
-    from .results import run_status
-
-    path = out / "metrics.jsonl"
-    try:
-        return path.is_file() and run_status(read_metrics(path)) == "completed"
-    except ValueError:  # a line cut short by a crash: not a completed run
-        return False
 
 
 def _resume_folder(cfg: TrainConfig) -> Path | None:

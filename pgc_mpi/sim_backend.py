@@ -20,7 +20,6 @@ from typing import Any
 
 from .config import CORE_FIELDS, SimConfig, TrainConfig
 from .errors import ConfigError
-from .message_log import MessageLog
 from .metrics import MetricsWriter, write_json
 
 # pgc-train options a simulated run honours besides the shared ones (CORE_FIELDS)
@@ -52,16 +51,15 @@ def run_simulated(options: dict[str, Any], workers: int, out: Path) -> None:
     write_json(out / "config.json", {"config": {**dataclasses.asdict(cfg), **problem_options}, "workers": workers,
                                      "backend": "sim", **cfg.scheme_shape(scheme), "parameters": problem.dim})
     result = simulate(cfg, problem)
-    metrics, messages = MetricsWriter(out), MessageLog(out)
+    metrics = MetricsWriter(out)
     evals = {e["step"]: e for e in result.evals}
     try:
         for record in result.records:
-            metrics.write(messages.write(record))
+            metrics.write(record)
             if record["step"] in evals:  # the simulator evaluated after this step
                 metrics.write({"event": "eval", **{k: v for k, v in evals[record["step"]].items() if k != "wall_time"}})
         metrics.write({"event": "summary", "status": "stalled: " + result.stalled if result.stalled else "completed",
                        "steps": len(result.records), "backend": "sim"})
     finally:
         metrics.close()
-        messages.close()
 

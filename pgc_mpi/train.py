@@ -21,7 +21,7 @@ from .config import TrainConfig, config_from_args
 from .errors import ConfigError, PgcError
 from .faults import parse_faults
 from .message import Layout, buffers_per_message, gradient_header
-from .metrics import MetricsWriter, Progress, configure_logging, make_log_dir, setup_logging, write_json
+from .metrics import MetricsWriter, Progress, configure_logging, json_line, make_log_dir, setup_logging, write_json
 from .stragglers import DelayModel
 from .transport import MasterTransport, WorkerTransport, abort, duplicate_world
 from .worker import WorkerSettings, run_worker
@@ -151,11 +151,10 @@ def _record_failure(cfg: TrainConfig, rank: int, reason: str) -> None:
     path = Path(cfg.out) / "metrics.jsonl"
     if not path.is_file():  # failed before the run's outputs existed: the error message is all there is
         return
-    record = {"event": "summary", "status": "failed", "reason": reason.splitlines()[0] if reason else "", "rank": rank,
-              "time": round(time.time(), 3)}
+    record = {"event": "summary", "status": "failed", "reason": reason.splitlines()[0] if reason else "", "rank": rank}
     try:
         with path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+            fh.write(json_line(record))
     except OSError:  # the disk that failed the run may fail this too: the log has the reason
         pass
 

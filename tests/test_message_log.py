@@ -8,7 +8,7 @@ import math
 import pytest
 
 from pgc_mpi.message import MessageRecord
-from pgc_mpi.message_log import NAME, MessageLog, blocks, pack, read_steps
+from pgc_mpi.message_log import NAME, blocks, pack, read_steps
 from pgc_mpi.metrics import MetricsWriter, _plain, read_metrics
 from pgc_mpi.run_folder import OUTPUTS
 
@@ -35,11 +35,10 @@ def _same(got: dict, record: dict) -> None:
 
 
 def _write(out, records, keep_steps_before=None):
-    metrics, log = MetricsWriter(out, keep_steps_before), MessageLog(out, keep_steps_before)
+    metrics = MetricsWriter(out, keep_steps_before)  # messages.bin with it
     for record in records:
-        metrics.write(log.write(record))
+        metrics.write(record)
     metrics.close()
-    log.close()
 
 
 @pytest.mark.parametrize("scheme, options", [("pgc-cr", {}), ("pbs", {"max_staleness": 1})])
