@@ -195,22 +195,24 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, re
     began = time.monotonic()
     totals = master.run(control)
     _close_outputs(cfg, scheme, totals, control, time.monotonic() - began, metrics, progress, master.trajectory)
+    if control.stopped_by:
+        # No stop handshake: the abort ends the workers anyway, and a signal often means that
+        # part of the job is gone (Slurm cancels a step on a node failure with SIGTERM), where
+        # a message to a dead node's rank can crash MPICH. MPICH's mpiexec does not always
+        # report rank 0's own exit status after a forwarded signal, but it reports an abort's.
+        metrics.close()
+        _stop_job(log, control.stopped_by)
     abandoned = link.shutdown(cfg.grace)
+    code = EXIT_DIVERGED if totals.diverged else 0
     if abandoned:
-        log.warning("workers %s (ranks %s) did not stop within %.0f s and are abandoned (hung?); "
-                    "ending the job with MPI_Abort(0) since training completed",
-                    abandoned, [w + 1 for w in abandoned], cfg.grace)
+        log.warning("workers %s (ranks %s) did not stop within %.0f s and are abandoned (hung, or their node "
+                    "is gone); ending the job with MPI_Abort(%d) since the run's outputs are written",
+                    abandoned, [w + 1 for w in abandoned], cfg.grace, code)
         metrics.write({"event": "shutdown", "abandoned": abandoned})
         metrics.close()
-        abort(EXIT_DIVERGED if totals.diverged else signals.EXIT_STOPPED if control.stopped_by else 0)
+        abort(code)
     metrics.close()
-    if totals.diverged:
-        return EXIT_DIVERGED
-    if control.stopped_by:
-        # every worker has stopped; MPICH's mpiexec does not always report rank 0's own exit
-        # status after a forwarded signal, but it always reports an abort's code
-        _stop_job(log, control.stopped_by)
-    return 0
+    return code
 
 
 def _stop_job(log, signal_name: str) -> None:

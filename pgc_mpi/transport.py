@@ -99,6 +99,9 @@ class MasterTransport:
         self._snapshots: list[_Snapshot] = []
         self._current: _Snapshot | None = None
         self.bytes_received = 0
+        # when each worker's last message arrived, and when the master last polled: shutdown's test of life
+        self._heard = [time.monotonic()] * n
+        self._last_poll = time.monotonic()
 
     def post(self, worker: int) -> None:
         """(Re)post the receive of `worker`'s next gradient into its buffer."""
@@ -109,10 +112,11 @@ class MasterTransport:
         backoff = Backoff(self.poll_interval)
         while True:
             good = self._completed()
+            self._last_poll = time.monotonic()
             if good:
                 self.bytes_received += len(good) * self.grad_layout.nbytes
                 return good
-            if time.monotonic() >= until:
+            if self._last_poll >= until:
                 return []
             backoff.sleep(until)
 
@@ -134,7 +138,9 @@ class MasterTransport:
             done = [i for i, r in enumerate(self._reqs) if active[i] and r == MPI.REQUEST_NULL]
         by_source = {st.Get_source(): st for st in self._statuses if st.Get_source() >= 1}
         good = []
+        now = time.monotonic()
         for i in done:
+            self._heard[i] = now
             st = by_source.get(i + 1)
             if st is not None and st.Get_error() != MPI.SUCCESS:
                 self.malformed.append((i, "message larger than expected (truncated)"))
@@ -175,28 +181,33 @@ class MasterTransport:
         Models still in flight are delivered first (a stop could overtake a large model and
         leave its send pending forever). Gradient receives stay posted until a worker confirms,
         so a straggler's last message always has somewhere to land (a cancelled receive can
-        deadlock its large send). Returns the workers that never confirmed (hung); the caller
-        must then abort, not finalize.
+        deadlock its large send). A worker silent for more than `grace` before the master's last
+        poll (the end of training: a final evaluation may follow) is not sent a stop: it could
+        not confirm within the grace anyway unless just about to, and when its node is gone
+        (off the network), a message to it can crash MPICH. Returns the workers that never
+        confirmed (hung, or their node gone), silent ones included; the caller must then abort,
+        not finalize.
         """
+        self._repost_arrived()  # what arrived since the last poll is a sign of life too
         until = time.monotonic() + grace
-        while any(self.model_in_flight(w) for w in range(self.n)) and time.monotonic() < until:
+        alive = [w for w in range(self.n) if self._last_poll - self._heard[w] <= grace]
+        while any(self.model_in_flight(w) for w in alive) and time.monotonic() < until:
             self._repost_arrived()
             _sleep_until(self.poll_interval, until)
         self._stop_buf = np.zeros(1)
         self._bye_buf = np.zeros((self.n, 1))
-        self._stops = [self.comm.Isend([self._stop_buf, MPI.DOUBLE], dest=w + 1, tag=TAG_STOP)
-                       for w in range(self.n)]
-        byes = [self.comm.Irecv([self._bye_buf[w], MPI.DOUBLE], source=w + 1, tag=TAG_BYE)
-                for w in range(self.n)]
+        self._stops = [self.comm.Isend([self._stop_buf, MPI.DOUBLE], dest=w + 1, tag=TAG_STOP) for w in alive]
+        byes = [self.comm.Irecv([self._bye_buf[w], MPI.DOUBLE], source=w + 1, tag=TAG_BYE) for w in alive]
         confirmed: set[int] = set()
-        while len(confirmed) < self.n and time.monotonic() < until:
+        while len(confirmed) < len(alive) and time.monotonic() < until:
             self._repost_arrived()
-            for w in MPI.Request.Testsome(byes) or []:
+            for i in MPI.Request.Testsome(byes) or []:
+                w = alive[i]
                 confirmed.add(w)
                 if self._reqs[w] != MPI.REQUEST_NULL:  # it will send nothing more: withdraw the receive
                     self._reqs[w].Cancel()
                     self._reqs[w].Wait()
-            if len(confirmed) < self.n:
+            if len(confirmed) < len(alive):
                 _sleep_until(self.poll_interval, until)
         return sorted(set(range(self.n)) - confirmed)
 
@@ -238,6 +249,8 @@ class WorkerTransport:
                     misses += 1
                     continue
                 if self._status.Get_tag() == TAG_STOP:
+                    if got is not None:  # messages in order: this model first, the stop at the next call
+                        return got
                     self.comm.Recv([np.zeros(1), MPI.DOUBLE], source=0, tag=TAG_STOP)
                     self.stopped = True
                     return None

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pgc_mpi.run_folder import checkpoint_name
+
 from helpers import events_of, run_train, steps_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,3 +140,79 @@ def test_a_sweep_spreads_its_array_tasks_over_the_nodes(cluster, tmp_path):
     nodes = {_hosts(run)[0] for run in runs}  # each task on one node; the array over several
     assert len(nodes) >= 2, nodes
     assert time.monotonic() - began < 420
+
+
+def _squeue_state(env: dict, job: str) -> str:
+    """The job's state ('' once it has left the queue)."""
+    proc = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True,
+                          timeout=30)
+    return proc.stdout.strip()
+
+
+def _until(what: str, check, timeout: float, log: Path):
+    """Poll `check()` every second until it is truthy (its value is returned), failing after `timeout` s."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = check()
+        if value:
+            return value
+        time.sleep(1)
+    tail = log.read_text()[-3000:] if log.is_file() else "(no job log)"
+    pytest.fail(f"no {what} within {timeout:.0f} s; the job's log ends:\n{tail}")
+
+
+def _written(run: Path) -> list[dict]:
+    """The complete records of metrics.jsonl so far (it is being written: a last line may be cut)."""
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().split("\n")[:-1]] if path.is_file() else []
+
+
+def _step_lines(run: Path) -> int:
+    return sum("step_time" in r for r in _written(run))
+
+
+def _link(env: dict, node: int, state: str) -> None:
+    subprocess.run([str(SLURM_DIR / "multinode-exec.sh"), str(node), "ip", "link", "set", "eth0", state], env=env,
+                   check=True, timeout=30)
+
+
+def test_a_node_that_drops_off_the_network_is_handled_like_hung_workers(cluster, tmp_path):
+    """node3 (workers 2 and 3) leaves the network mid-run: gc-cr (s=2) goes on with node2's workers; the
+    time-limit signal then ends the job within --grace with a checkpoint and "stopped" in its summary;
+    once node3 is back, the requeued job resumes and finishes with every step recorded exactly once."""
+    run, log = tmp_path / "run", tmp_path / "job.out"
+    env = {**cluster, "PGC_MASTER_ALONE": "1"}
+    submit = subprocess.run(
+        ["sbatch", "--parsable", "--time=6", "-N", "3", "--ntasks-per-node=2", "-o", str(log),
+         str(SLURM_DIR / "train.sbatch"), "--scheme", "gc-cr", "-s", "2", "--steps", "300", "--compute-time", "0.05",
+         "--checkpoint-every", "20", "--grace", "3", "--eval-every", "50", "--out", str(run)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert submit.returncode == 0, submit.stderr
+    job = submit.stdout.strip().split(";")[0]
+    try:
+        _until("30 steps", lambda: _step_lines(run) >= 30, 180, log)
+        assert _hosts(run) == ["node1", "node2", "node2", "node3", "node3"]
+        _link(env, 3, "down")
+        dropped = _step_lines(run)
+        _until("30 steps without node3", lambda: _step_lines(run) >= dropped + 30, 120, log)
+        signalled = time.monotonic()
+        subprocess.run(["scancel", "-b", "--signal=USR1", job], env=env, check=True, timeout=30)
+        stopped = _until("a stop", lambda: [r for r in _written(run) if r.get("status") == "stopped by SIGUSR1"],
+                         60, log)[0]
+        assert time.monotonic() - signalled < 30  # no wait for node3's workers: the abort ends the job
+        assert (run / "checkpoints" / checkpoint_name(stopped["steps"])).is_file()
+        _until("the requeue", lambda: "requeueing job" in log.read_text(), 90, log)
+        without = [r for r in steps_of(run) if r["step"] >= dropped + 5]
+        assert without and all(not {2, 3} & set(r["used"]) for r in without)  # decoded from node2's workers
+    finally:
+        _link(env, 3, "up")
+    # Slurm holds a requeued job back for a while; once node3 has cleaned up the old start, release it
+    _until("the old start cleaned up", lambda: _squeue_state(env, job) == "PENDING", 180, log)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True, timeout=30)
+    _until("the requeued job's end", lambda: _squeue_state(env, job) in ("", "COMPLETED"), 240, log)
+    subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
+    assert [r["status"] for r in events_of(run, "summary")] == ["completed"], log.read_text()[-3000:]
+    assert [r["step"] for r in steps_of(run)] == list(range(300))
+    config = json.loads((run / "config.json").read_text())
+    assert config["resumed_from_step"] == stopped["steps"] and len(config["provenance"]["earlier_starts"]) == 1
+    assert _hosts(run) == ["node1", "node2", "node2", "node3", "node3"]

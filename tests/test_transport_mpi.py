@@ -114,3 +114,64 @@ def test_a_late_gradient_sent_while_stopping_is_received_not_left_pending():
         assert link.next_model() is None
         link.confirm_stop()
     comm.Free()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_worker_silent_for_longer_than_the_grace_is_abandoned_without_a_stop():
+    """A node gone from the network looks like a silent worker; a message to it can crash MPICH."""
+    comm = duplicate_world()
+    n = comm.Get_size() - 1
+    silent = n - 1
+    if comm.Get_rank() == 0:
+        link = MasterTransport(comm, n, _layout(), poll_interval=0.001)
+        for i in range(n):
+            link.post(i)
+        link.publish(0, np.zeros(1000, dtype=np.float32))
+        for i in range(n):
+            link.send_model(i)
+        until = time.monotonic() + 1.5  # the others answer every model; the silent one never does
+        while time.monotonic() < until:
+            for i in link.poll(until):
+                link.post(i)
+                link.send_model(i)
+        assert link.shutdown(grace=1.0) == [silent]
+        comm.Ibarrier().Wait()  # (a blocking barrier never matches a non-blocking one)
+    else:
+        link = WorkerTransport(comm, _layout(), poll_interval=0.001)
+        if comm.Get_rank() - 1 == silent:
+            assert link.next_model() == 0
+            done = comm.Ibarrier()
+            while not done.Test():
+                assert not link.stop_requested()
+                time.sleep(0.01)
+            time.sleep(0.3)  # a stop sent just before the barrier would have landed by now
+            assert not link.stop_requested()
+        else:
+            while link.next_model() is not None:
+                link.send()
+            link.confirm_stop()
+            comm.Ibarrier().Wait()
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_model_followed_by_the_stop_is_returned_before_the_stop():
+    """The stop never swallows the model sent before it (it once did, when both were waiting)."""
+    comm = duplicate_world()
+    n = comm.Get_size() - 1
+    if comm.Get_rank() == 0:
+        link = MasterTransport(comm, n, _layout(), poll_interval=0.001)
+        for i in range(n):
+            link.post(i)
+        link.publish(7, np.ones(1000, dtype=np.float32))
+        for i in range(n):
+            link.send_model(i)
+        assert link.shutdown(grace=20) == []  # a small model is sent eagerly: the stop follows at once
+    else:
+        link = WorkerTransport(comm, _layout(), poll_interval=0.001)
+        time.sleep(0.3)  # both are waiting by now
+        assert link.next_model() == 7 and not link.stopped
+        assert (link.model == 1).all()
+        assert link.next_model() is None and link.stopped
+        link.confirm_stop()
+    comm.Free()
