@@ -72,7 +72,7 @@ from .control import ControlSettings
 from .errors import PgcError
 from .master import RunTotals
 from .message import Message
-from .metrics import MetricsWriter, Progress
+from .metrics import MetricsWriter, Progress, master_times
 from .models import TorchProblem
 from .optim import FlatOptimizer
 from .schemes import CodedScheme, make_scheme
@@ -317,7 +317,7 @@ class Monitor:
         record = collector.record(collector.decode(), False)
         self.totals.steps = t + 1
         self.metrics.write({"step": t, "wall_time": float(lead["wall_time"]), "step_time": float(lead["step_time"]),
-                            "decode_time": 0.0, "bytes_received": (t + 1) * self.grad_bytes,
+                            **master_times(), "bytes_received": (t + 1) * self.grad_bytes,
                             "allreduce_time": float(self.reports["allreduce_time"].min()), **record})
         if self.cfg.record_params:
             self.trajectory.append(self.params.copy())

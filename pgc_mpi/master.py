@@ -9,6 +9,7 @@ never reaches the collector; the deadline policy when the decode condition is la
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -23,7 +24,7 @@ from .control import RunControl
 from .diagnostics import TableDiagnostics
 from .errors import Diverged, NotDecodable
 from .message import Message
-from .metrics import MetricsWriter, Progress, RepeatedWarnings
+from .metrics import MASTER_PARTS, MetricsWriter, Progress, RepeatedWarnings, master_times
 from .optim import FlatOptimizer
 from .problems import Problem
 from .schemes import CodedScheme, PbsScheme
@@ -87,7 +88,8 @@ class Master:
         self.sent = [-1] * self.n  # newest model version sent to each worker
         self.busy = [False] * self.n  # a model is out with the worker and its answer is not back
         self._started = time.monotonic()
-        self._decode_time = 0.0
+        # the master's own work in the current step, in seconds per part (see _timed)
+        self._times = dict.fromkeys(MASTER_PARTS, 0.0)
         self._warnings = RepeatedWarnings(log)
         self._rejected: dict[int, str] = {}  # this step's rejected workers and why (kind)
         self.start = 0
@@ -128,8 +130,8 @@ class Master:
                 dec, missed = self._collect(t, began)
                 if dec is None:  # a stop signal: the step in progress is abandoned
                     break
-                extra = self._diagnose(t)
-                self._update(t)
+                extra = self._timed("update", functools.partial(self._diagnose, t))
+                self._timed("update", functools.partial(self._update, t))
             except Diverged as exc:  # no checkpoint of non-finite numbers: the last finite one stays
                 log.error("%s", exc)
                 self.totals.diverged = str(exc)
@@ -168,24 +170,24 @@ class Master:
         collector.begin(t)
         if self.diagnostics is not None:
             self.diagnostics.remember(t, self.w)
-        self._decode_time = 0.0
+        self._times = dict.fromkeys(MASTER_PARTS, 0.0)
         self._rejected = {}
-        self.link.publish(t, self.w)
+        self._timed("send", lambda: self.link.publish(t, self.w))
         deadline_at = began + deadline if deadline is not None else math.inf
         reminder, missed = began + WAIT_REMINDER, False
         while True:
-            self._dispatch(t)
+            self._timed("send", lambda: self._dispatch(t))
             if self.control.stop_signal(t):
                 return None, missed
             until = min(math.inf if missed else deadline_at, reminder, time.monotonic() + DISPATCH_INTERVAL)
             arrived = self.link.poll(until)
             self._count_malformed(t)
             for i in arrived:
-                self._receive(t, i)
+                self._timed("receive", functools.partial(self._receive, t, i))
             self._check_rejections(t)
             if collector.ready():
                 try:
-                    return self._timed(collector.decode), missed
+                    return self._timed("decode", collector.decode), missed
                 except NotDecodable as exc:  # e.g. an ill-conditioned exact solve: wait for more
                     log.warning("step %d: %s", t, exc)
             now = time.monotonic()
@@ -193,7 +195,7 @@ class Master:
                 missed = True
                 log.warning("step %d: deadline of %.3g s missed, still waiting for %s (policy %s)",
                             t, deadline, self._waiting(), self.settings.on_deadline)
-                dec = self._timed(lambda: collector.on_deadline(self.settings.on_deadline))
+                dec = self._timed("decode", lambda: collector.on_deadline(self.settings.on_deadline))
                 if dec is not None:
                     log.warning("step %d: partial decode from workers %s, residual %.3g", t, dec.used, dec.residual)
                     return dec, missed
@@ -204,13 +206,13 @@ class Master:
     def _waiting(self) -> str:
         return f"{self.collector.waits_on} {self.collector.waiting_for()}"
 
-    def _timed(self, decode):
-        """Run a decode, adding its time to the step's decode time."""
+    def _timed(self, part: str, work):
+        """Run `work()`, adding its time to the step's `part` (one of MASTER_PARTS)."""
         began = time.monotonic()
         try:
-            return decode()
+            return work()
         finally:
-            self._decode_time += time.monotonic() - began
+            self._times[part] += time.monotonic() - began
 
     def _dispatch(self, t: int) -> None:
         """Send the model of step t to every worker that needs it: one that has not had it (or, for
@@ -227,7 +229,7 @@ class Master:
         msg = Message.read(self.link.headers[worker])
         kind, why = self._fault(worker, msg)
         if kind is None:
-            verdict = self._timed(lambda: self.collector.offer(msg, self.link.payloads[worker]))
+            verdict = self.collector.offer(msg, self.link.payloads[worker])
             if verdict in ("future", "unknown", "duplicate"):
                 kind, why = verdict, (f"a {verdict} message (header says worker {msg.worker}, step {msg.step}, "
                                       f"partition {msg.partition})")
@@ -295,7 +297,7 @@ class Master:
         if self.control.checkpoint_due(t + 1):
             self.checkpoint()
         self.metrics.write({"step": t, "wall_time": time.monotonic() - self._started - self.control.eval_seconds,
-                            "step_time": step_time, "decode_time": self._decode_time,
+                            "step_time": step_time, **master_times(self._times),
                             "bytes_received": self.link.bytes_received, **record})
         if self.settings.record_params:
             self.trajectory.append(self.w.copy())

@@ -78,6 +78,19 @@ class MetricsWriter:
         self._messages.close()
 
 
+# The parts of the master's own work in a step, recorded as `<part>_time` seconds in every step record:
+# receive (judging and taking in the arrived messages: header, finiteness, the collector's offer,
+# which accumulates for the streaming schemes), decode, update (the optimizer step, and pbs's
+# diagnostics), send (copying the step's model into a send buffer and starting its sends).
+MASTER_PARTS = ("receive", "decode", "update", "send")
+
+
+def master_times(seconds: dict[str, float] | None = None) -> dict[str, float]:
+    """The `<part>_time` fields of a step record: `seconds` per part, or zeros (the simulator's
+    master and the ddp baseline's rank 0 take no time in a step)."""
+    return {f"{part}_time": (seconds or {}).get(part, 0.0) for part in MASTER_PARTS}
+
+
 def json_line(record: dict[str, Any]) -> str:
     """A metrics record as its line of metrics.jsonl, stamped with "time", when it was written
     (seconds since the epoch, UTC, to the millisecond), unless it has a "time" of its own."""

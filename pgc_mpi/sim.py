@@ -30,6 +30,7 @@ from .collector import CodedCollector, Decoded, TableCollector, make_collector
 from .config import SimConfig
 from .diagnostics import TableDiagnostics
 from .message import Layout, Message, buffers_per_message, gradient_header
+from .metrics import master_times
 from .optim import FlatOptimizer
 from .problems import Problem, with_sampling
 from .schemes import CodedScheme, PbsScheme
@@ -245,7 +246,7 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
             break
         extra = {} if diagnostics is None else diagnostics.observe(t, collector.table, opt.grad, opt)
         # the record before the old models go: its loss is that of the used messages' minibatches
-        record = {"step": t, "wall_time": now, "step_time": now - began, "decode_time": 0.0,
+        record = {"step": t, "wall_time": now, "step_time": now - began, **master_times(),
                   "bytes_received": received * nbytes, **collector.record(dec, missed), **extra}
         result.records.append(record)
         opt.step()

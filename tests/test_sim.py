@@ -8,6 +8,7 @@ import pytest
 from pgc_mpi.collector import DeadlineMissed
 from pgc_mpi.config import SimConfig
 from pgc_mpi.message import MessageRecord
+from pgc_mpi.metrics import MASTER_PARTS
 from pgc_mpi.problems import LeastSquares, Logistic
 from pgc_mpi.schemes import SCHEME_NAMES, make_scheme
 from pgc_mpi.sim import replay, simulate
@@ -197,7 +198,8 @@ def test_pbs_rejects_messages_over_max_staleness(lsq12):
 def test_simulator_and_master_share_the_step_record_layout(lsq12):
     coded = simulate(SimConfig(scheme="pgc-cr", workers=12, stragglers=1, steps=3, delay="exp:1.0"), lsq12)
     table = simulate(SimConfig(scheme="pbs", workers=12, stragglers=1, steps=3, delay="exp:1.0"), lsq12)
-    shared = {"step", "wall_time", "step_time", "decode_time", "bytes_received", "arrivals", "used", "late",
+    shared = {"step", "wall_time", "step_time", *(f"{part}_time" for part in MASTER_PARTS), "bytes_received",
+              "arrivals", "used", "late",
               "rejected", "deadline_missed", "partial", "residual", "max_staleness", "messages", "train_loss"}
     assert shared <= set(coded.records[0]) and shared <= set(table.records[0])
     assert "versions" in coded.records[0] and "ages" in table.records[0]

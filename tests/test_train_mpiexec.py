@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from pgc_mpi.datasets import load_digits
+from pgc_mpi.metrics import MASTER_PARTS
 from pgc_mpi.models import TorchProblem
 from pgc_mpi.schemes import make_scheme
 from pgc_mpi.sim import replay
@@ -52,6 +53,9 @@ def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s, straggl
     assert got.shape == (steps + 1, problem.dim)
     assert np.abs(got - np.stack(expected)).max() < 1e-10
     assert np.abs(got[-1] - got[0]).max() > 1e-3  # it did train
+    for r in steps_of(out):  # the master's own work is part of the step, every part of it measured
+        parts = [r[f"{part}_time"] for part in MASTER_PARTS]
+        assert all(p >= 0 for p in parts) and 0 < sum(parts) <= r["step_time"], r
     if straggler:
         median = np.median([r["step_time"] for r in steps_of(out)])
         assert median < 0.5, median
