@@ -206,6 +206,10 @@ def test_a_node_that_drops_off_the_network_is_handled_like_hung_workers(cluster,
         assert without and all(not {2, 3} & set(r["used"]) for r in without)  # decoded from node2's workers
     finally:
         _link(env, 3, "up")
+    # had Slurm declared node3 dead (a slow machine), it would wait for an admin (or a reboot) to return it
+    if "down" in subprocess.run(["sinfo", "-h", "-n", "node3", "-o", "%T"], env=env, capture_output=True, text=True,
+                                timeout=30).stdout:
+        subprocess.run(["scontrol", "update", "NodeName=node3", "State=RESUME"], env=env, check=True, timeout=30)
     # Slurm holds a requeued job back for a while; once node3 has cleaned up the old start, release it
     _until("the old start cleaned up", lambda: _squeue_state(env, job) == "PENDING", 180, log)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True, timeout=30)
