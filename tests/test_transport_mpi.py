@@ -18,6 +18,17 @@ def _layout(dim: int = 1000) -> Layout:
     return Layout(gradient_header(2), dim=dim, dtype=np.float32)
 
 
+def _master_sending(comm, n: int, step: int, w: np.ndarray) -> MasterTransport:
+    """Rank 0's link with every gradient receive posted and the model `w` of `step` sent to every worker."""
+    link = MasterTransport(comm, n, _layout(len(w)), poll_interval=0.001)
+    for i in range(n):
+        link.post(i)
+    link.publish(step, w)
+    for i in range(n):
+        link.send_model(i)
+    return link
+
+
 def _master_collect(link: MasterTransport, n: int, timeout: float = 30.0) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     got = {}
     until = time.monotonic() + timeout
@@ -33,12 +44,7 @@ def test_models_out_coded_gradients_in_and_a_clean_stop():
     n = comm.Get_size() - 1
     w = np.linspace(0, 1, 1000, dtype=np.float32)
     if comm.Get_rank() == 0:
-        link = MasterTransport(comm, n, _layout(), poll_interval=0.001)
-        for i in range(n):
-            link.post(i)
-        link.publish(3, w)
-        for i in range(n):
-            link.send_model(i)
+        link = _master_sending(comm, n, 3, w)
         sent = w.copy()
         w += 5.0  # the master may update right away: the workers got the published snapshot
         got = _master_collect(link, n)
@@ -99,12 +105,7 @@ def test_a_late_gradient_sent_while_stopping_is_received_not_left_pending():
     comm = duplicate_world()
     n = comm.Get_size() - 1
     if comm.Get_rank() == 0:
-        link = MasterTransport(comm, n, _layout(2_000_000), poll_interval=0.001)
-        for i in range(n):
-            link.post(i)
-        link.publish(0, np.zeros(2_000_000, dtype=np.float32))
-        for i in range(n):
-            link.send_model(i)
+        link = _master_sending(comm, n, 0, np.zeros(2_000_000, dtype=np.float32))
         assert link.shutdown(grace=30) == []  # stop before any gradient came back
     else:
         link = WorkerTransport(comm, _layout(2_000_000), poll_interval=0.001)
@@ -123,12 +124,7 @@ def test_a_worker_silent_for_longer_than_the_grace_is_abandoned_without_a_stop()
     n = comm.Get_size() - 1
     silent = n - 1
     if comm.Get_rank() == 0:
-        link = MasterTransport(comm, n, _layout(), poll_interval=0.001)
-        for i in range(n):
-            link.post(i)
-        link.publish(0, np.zeros(1000, dtype=np.float32))
-        for i in range(n):
-            link.send_model(i)
+        link = _master_sending(comm, n, 0, np.zeros(1000, dtype=np.float32))
         until = time.monotonic() + 1.5  # the others answer every model; the silent one never does
         while time.monotonic() < until:
             for i in link.poll(until):
@@ -160,12 +156,7 @@ def test_a_model_followed_by_the_stop_is_returned_before_the_stop():
     comm = duplicate_world()
     n = comm.Get_size() - 1
     if comm.Get_rank() == 0:
-        link = MasterTransport(comm, n, _layout(), poll_interval=0.001)
-        for i in range(n):
-            link.post(i)
-        link.publish(7, np.ones(1000, dtype=np.float32))
-        for i in range(n):
-            link.send_model(i)
+        link = _master_sending(comm, n, 7, np.ones(1000, dtype=np.float32))
         assert link.shutdown(grace=20) == []  # a small model is sent eagerly: the stop follows at once
     else:
         link = WorkerTransport(comm, _layout(), poll_interval=0.001)
