@@ -24,6 +24,7 @@ _LAZY = {
     "SimResult": "sim",
     "LeastSquares": "problems",
     "Logistic": "problems",
+    "Quadratic": "problems",
     "FlatParams": "models",
     "TorchProblem": "models",
     "open_dataset": "datasets",

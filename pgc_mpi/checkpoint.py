@@ -5,7 +5,8 @@ A checkpoint `ckpt-00001200.h5` holds everything the master needs to go on from 
   optimizer/<key>           the torch optimizer's per-parameter state (momentum, Adam moments...)
   encoding_matrix           the scheme's B (coded schemes), checked on resume
   table/grads, versions     pbs's partition table
-  attributes                format, step, scheme, n, s, c, dim, dtype, model, dataset, the
+  attributes                format, step, scheme, n, s, c, dim, dtype, model and dataset (or
+                            a synthetic problem and its samples), the
                             configuration (JSON), the optimizer's param groups (JSON), the master's
                             torch RNG state, the straggler model's spec and seed.
 Everything random in a run is a pure function of (seed, step, worker, ...) - minibatches, delays,
@@ -52,13 +53,15 @@ class Checkpoint:
     rng: torch.Tensor
 
 
-def run_identity(scheme, dim: int, *, dtype: str, model: str, dataset: str, seed: int,
-                 optimizer: str) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed by a run: the scheme's shape, the model, the
-    data, the dtype, the seed (everything random in a run follows from the seed) and the
-    optimizer (its state has a different shape for each)."""
-    return {"scheme": scheme.name, "n": scheme.n, "s": scheme.s, "c": scheme.c, "dim": dim, "dtype": dtype,
-            "model": model, "dataset": dataset, "seed": seed, "optimizer": optimizer}
+def run_identity(scheme, dim: int, *, dtype: str, model: str | None, dataset: str | None, seed: int,
+                 optimizer: str, problem: str | None = None, samples: int | None = None) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed by a run: the scheme's shape, the model and the
+    data (or the synthetic problem and its samples: dim is there already), the dtype, the seed
+    (everything random in a run follows from the seed) and the optimizer (its state has a
+    different shape for each)."""
+    identity = {"scheme": scheme.name, "n": scheme.n, "s": scheme.s, "c": scheme.c, "dim": dim, "dtype": dtype}
+    kind = {"model": model, "dataset": dataset} if problem is None else {"problem": problem, "samples": samples}
+    return {**identity, **kind, "seed": seed, "optimizer": optimizer}
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,9 @@ def load(path: Path, identity: dict[str, Any], encoding: np.ndarray | None = Non
             if int(f.attrs["format"]) != FORMAT:
                 raise CheckpointError(f"{path}: checkpoint format {f.attrs['format']} is not {FORMAT}")
             for key, want in identity.items():
+                if key not in f.attrs:  # model and dataset, or problem: a run of the other kind
+                    raise CheckpointError(f"{path}: the checkpoint has no {key}: it is for another kind of run "
+                                          f"(a torch model, or a synthetic --problem); start a new run")
                 got = f.attrs[key]
                 got = got.item() if hasattr(got, "item") else got
                 if got != want:

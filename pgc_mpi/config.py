@@ -32,6 +32,7 @@ from .choices import BUILTIN_DATASETS, DEADLINE_POLICIES, DTYPE_NAMES, MODELS, O
 from .errors import ConfigError
 from .faults import KINDS as FAULT_KINDS
 from .faults import parse_faults
+from .problems import PROBLEMS
 from .schemes import FR_DECODE_RULES, ON_STALE, SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
 from .stragglers import USAGE as DELAY_USAGE
 from .stragglers import DelayModel
@@ -47,6 +48,14 @@ def check_deadline(deadline: float | None, policy: str) -> None:
 
 
 MAX_SEED = 2**63 - 1
+
+# pgc-train's problem: a torch model on a data set (these defaults), or a synthetic --problem with
+# SYNTHETIC_DEFAULTS (pgc-sim's, and the same option names); TrainConfig resolves which.
+DEFAULT_MODEL, DEFAULT_DATASET, DEFAULT_BATCH_SIZE = "logreg", "digits", 32
+SYNTHETIC_DEFAULTS = {"samples": 1200, "dim": 20}
+# least-squares and logistic hold a samples x dim data matrix (float64) on every rank: pgc-train
+# refuses more elements than this (128 MiB); quadratic holds none
+MATRIX_ELEMENTS_LIMIT = 2**24
 
 
 def available_cores() -> int:
@@ -193,11 +202,20 @@ class TrainConfig(CoreConfig):
     """Every setting of a pgc-train run (see `pgc-train --help` for what each means).
 
     Not validated on construction: the worker count is the MPI world size, known only on rank 0
-    at run time, so call validate(workers)."""
+    at run time, so call validate(workers).
 
-    batch_size: int = 32
-    dataset: str = "digits"
-    model: str = "logreg"
+    The problem is a torch `model` on a `dataset`, or, with `problem`, a synthetic one
+    (pgc_mpi.problems.PROBLEMS) of `samples` and `dim`. Construction fills the defaults of the
+    kind chosen: model, dataset and batch_size (32) without `problem`; samples and dim with
+    it, whose batch_size None means whole partitions. Options of the other kind stay None,
+    so that one given explicitly is refused by validate()."""
+
+    batch_size: int | None = None
+    dataset: str | None = None
+    model: str | None = None
+    problem: str | None = None
+    samples: int | None = None
+    dim: int | None = None
     fault: str | None = None
     eval_every: int = 20
     target_loss: float | None = None
@@ -218,17 +236,37 @@ class TrainConfig(CoreConfig):
     log_level: str = "info"
     log_dir: str | None = None
 
+    def __post_init__(self) -> None:
+        """Fill the defaults of the kind of problem chosen (see the class docstring)."""
+        if self.problem is None:
+            defaults = {"model": DEFAULT_MODEL, "dataset": DEFAULT_DATASET, "batch_size": DEFAULT_BATCH_SIZE}
+        else:
+            defaults = SYNTHETIC_DEFAULTS
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)  # frozen: only here, while constructing
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether the run trains a synthetic --problem (no torch on the workers)."""
+        return self.problem is not None
+
+    def describe_problem(self) -> str:
+        """The problem in words: 'quadratic (dim 1000, 1200 samples)' or 'digits/logreg'."""
+        if self.synthetic:
+            return f"{self.problem} (dim {self.dim}, {self.samples} samples)"
+        return f"{self.dataset}/{self.model}"
+
     def validate(self, workers: int) -> None:
         """Check every field and the fit of the scheme to `workers` (world size - 1)."""
         self.validate_core(workers)
-        _positive_int("batch-size", self.batch_size)
+        self._check_problem()
         _positive_int("eval-every", self.eval_every)
         _positive_int("threads", self.threads)
         cores = available_cores()
         if self.threads > cores:  # torch aborts in native code when asked for a million threads
             raise ConfigError(f"--threads {self.threads} is more than the {cores} cores this process may use; "
                               f"use at most {cores} (OMP_NUM_THREADS, or the cores Slurm gives each task)")
-        _choice("model", self.model, MODELS)
         _choice("dtype", self.dtype, DTYPE_NAMES)
         _positive("grace", self.grace)
         _positive("poll-interval", self.poll_interval)
@@ -257,6 +295,33 @@ class TrainConfig(CoreConfig):
     def scheme_names(self) -> tuple[str, ...]:
         """The simulated schemes and the peer baselines (PEER_SCHEMES), which only pgc-train runs."""
         return SCHEME_NAMES + PEER_SCHEMES
+
+    def _check_problem(self) -> None:
+        """One kind of problem, with valid options of its kind (see the class docstring)."""
+        if self.batch_size is not None:  # None only with a synthetic problem: whole partitions
+            _positive_int("batch-size", self.batch_size)
+        if not self.synthetic:
+            given = [f"--{name} {getattr(self, name)}" for name in ("dim", "samples")
+                     if getattr(self, name) is not None]
+            if given:
+                raise ConfigError(f"{' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to a "
+                                  f"synthetic problem: give --problem ({', '.join(PROBLEMS)}) too")
+            _choice("model", self.model, MODELS)
+            return
+        torch = [f"--{name} {getattr(self, name)}" for name in ("model", "dataset") if getattr(self, name) is not None]
+        if torch:
+            raise ConfigError(f"--problem {self.problem} (a synthetic problem) and {' and '.join(torch)} (a torch "
+                              f"model on a data set) exclude each other: give one kind or the other")
+        _choice("problem", self.problem, tuple(PROBLEMS))
+        _positive_int("dim", self.dim)
+        _positive_int("samples", self.samples)
+        if self.scheme in PEER_SCHEMES:
+            raise ConfigError(f"--scheme {self.scheme} trains a torch model (torch.distributed): it does not run "
+                              f"--problem {self.problem}; its equivalent on the parameter server is dgd")
+        if self.problem != "quadratic" and self.samples * self.dim > MATRIX_ELEMENTS_LIMIT:
+            raise ConfigError(f"--problem {self.problem} holds a --samples x --dim = {self.samples} x {self.dim} "
+                              f"data matrix on every rank, more than {MATRIX_ELEMENTS_LIMIT} elements: use "
+                              f"--problem quadratic (no data matrix) for large --dim")
 
     def _check_peer_options(self) -> None:
         """Refuse the options the ddp baseline does not implement (pgc_mpi.ddp), rather than ignore them:
@@ -379,16 +444,21 @@ _HELP = {
     "batch_size": "minibatch size per partition gradient",
     "dataset": f"built-in data set ({', '.join(BUILTIN_DATASETS)}) or an HDF5 file made by `python -m data_prep`",
     "model": f"model: {', '.join(MODELS)}",
+    "problem": f"train a synthetic problem instead of a torch model, and import no torch on the workers: "
+               f"{', '.join(PROBLEMS)} (quadratic has no data matrix: millions of parameters, many ranks)",
+    "samples": "--problem: training samples (split into the partitions)",
+    "dim": "--problem: parameters",
     "fault": f"fault injection for testing: {', '.join(f'{k}:W@STEP' for k in FAULT_KINDS)} (join with +)",
     "eval_every": "evaluate on the full train and test sets every this many steps",
-    "target_loss": "stop once the full training loss is at most this",
+    "target_loss": "stop once the full training loss is at most this (--problem: the objective F(w); "
+                   "quadratic's F* is 0, so that is its optimality gap)",
     "out": "output directory for config.json and metrics.jsonl",
     "dtype": f"{' or '.join(DTYPE_NAMES)} for parameters, gradients and messages",
     "grace": "seconds to wait for workers to stop at the end before abandoning hung ones",
     "poll_interval": "longest sleep in seconds between two polls of pending messages (sleeps start at 50 µs, double)",
-    "threads": "torch threads per rank",
+    "threads": "torch threads per rank (with --problem: the master's only)",
     "eval_train": "evaluate on the full training split too (--no-eval-train: test split only; "
-                  "--target-loss then uses the recent minibatch losses)",
+                  "--target-loss then uses the recent minibatch losses; no effect with --problem)",
     "checkpoint_every": "write a checkpoint (OUT/checkpoints) every this many steps, at the end and when stopped "
                         "by a signal",
     "keep_checkpoints": "how many checkpoints to keep",
@@ -404,11 +474,17 @@ _HELP = {
     "compute_time": "emulate a cluster's compute: every partition gradient takes at least this many seconds (the "
                     "real gradient is computed and the rest slept), so ranks sharing cores behave like nodes",
     "verify_data": "check the data file's sha256 checksum when opening it (--no-verify-data skips it; labels "
-                   "and values are always checked)",
+                   "and values are always checked; no effect with --problem)",
 }
 
 # How a None default reads in the help ("none" unless said here).
 _NONE_DEFAULT = {
+    "batch_size": f"{DEFAULT_BATCH_SIZE}; with --problem the whole partition",
+    "dataset": f"{DEFAULT_DATASET}, unless --problem",
+    "model": f"{DEFAULT_MODEL}, unless --problem",
+    "problem": "none, a torch --model on a --dataset",
+    "samples": f"{SYNTHETIC_DEFAULTS['samples']} with --problem",
+    "dim": f"{SYNTHETIC_DEFAULTS['dim']} with --problem",
     "c": "s+1; is-gc-*: 2; pbs: the replication",
     "replication": "2",
     "deadline": "no deadline",

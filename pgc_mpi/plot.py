@@ -53,10 +53,10 @@ def _style(config: dict, all_s: list[int]) -> dict:
 
 
 def _title(loaded: list[tuple]) -> str:
-    """What the runs share: data set, model, workers, delay models and seeds."""
+    """What the runs share: data set and model (or synthetic problem), workers, delay models and seeds."""
     configs = [c for _, c, *_ in loaded]
-    datasets = sorted({str(c["config"].get("dataset")) for c in configs})
-    models = sorted({str(c["config"].get("model")) for c in configs})
+    datasets = sorted({str(c["config"].get("dataset") or f"{c['config'].get('problem')} problem") for c in configs})
+    models = sorted({str(c["config"].get("model") or f"dim {c['config'].get('dim')}") for c in configs})
     workers = sorted({str(c.get("workers")) for c in configs})
     delays = sorted({str(c["config"].get("delay")) for c in configs})
     seeds = sorted({c["config"].get("seed") for c in configs})

@@ -6,7 +6,8 @@ too), `loss(w)` (the full training objective), `evaluate(w)` (a dict of metrics)
 `probe_grad(w)` (the gradient on one fixed validation minibatch, for pbs's diagnostics) and
 `optimum` (F*, or None when unknown). The numpy problems here are convex with a known optimum
 and a held-out validation set drawn from the same distribution; torch models implement the same
-protocol (models.py).
+protocol (models.py). LeastSquares and Logistic hold a samples x dim data matrix; Quadratic has
+none (memory and cost per gradient O(dim)), for runs with many ranks or millions of parameters.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .errors import ConfigError
 from .sampling import minibatch_positions, partition_indices
 
 
@@ -154,6 +156,100 @@ class Logistic(_ConvexProblem):
         return w
 
 
+class Quadratic:
+    """f(w) = 1/2 sum_j h_j (w_j - t_j)^2, matrix-free: F* = 0 exactly, at w = t.
+
+    The curvatures h_j are log-uniform in [0.1, 1] (condition number up to 10) and the target t_j
+    standard normal, both seeded; they repeat with a period of PERIOD coordinates (beyond it the
+    problem stores nothing more: a rank holds 1 MiB of it whatever dim is, and the coordinates
+    are independent, so the repetition does not change what training does). Every gradient is
+    computed chunk by chunk in float64 and returned in the dtype of w.
+
+    Samples are virtual: `samples` of them, split into n partitions of sizes differing by at
+    most 1, as the other problems' are. Sample i's loss is f(w) + z_i . (w - t), with per-sample
+    gradient noise z_i ~ N(0, I) centred over the training set, so f is the mean sample loss. A
+    minibatch of b samples of a partition of m is modelled by its mean noise: the `draw`-th
+    minibatch's loss is f(w) + z . (w - t), its gradient h * (w - t) + z, where z is normal
+    with variance (m - b) / (b (m - 1)) per coordinate (a mean of b of m drawn without
+    replacement; zero for a whole partition, without batch_size) and is seeded by (seed,
+    partition, draw): every rank computes the same gradient for the same minibatch. Every
+    partition has the same expected gradient (no data heterogeneity).
+
+    evaluate: train_loss = f(w), gap = f(w) - F* = f(w), and val_loss, the mean loss of
+    _validation_size(samples) = V held-out samples: f(w) + z_val . (w - t) with z_val ~ N(0,
+    I / V), seeded (a slight overfit: its own minimum is below 0, and f's minimizer t has
+    val_loss 0). probe_grad: the gradient of the mean loss of the first min(batch_size, V) of
+    them (noise N(0, I / k), its own seeded draw; all V, val_loss's own, without batch_size).
+    """
+
+    PERIOD = 1 << 16
+
+    def __init__(self, n: int, samples: int = 600, dim: int = 20, batch_size: int | None = None, seed: int = 0):
+        if samples < n:
+            raise ConfigError(f"the problem has {samples} training samples, fewer than the {n} partitions (one per "
+                              f"worker): use fewer workers or more --samples")
+        self.dim, self.samples, self.batch_size, self.seed = dim, samples, batch_size, seed
+        self.optimum: float | None = 0.0
+        rng = np.random.default_rng([seed, 0x9AD])
+        period = min(dim, self.PERIOD)
+        self._h = 10.0 ** rng.uniform(-1.0, 0.0, period)
+        self._t = rng.standard_normal(period)
+        sizes = [samples // n + (p < samples % n) for p in range(n)]  # np.array_split's sizes
+        self._noise = [_minibatch_noise(m, batch_size) for m in sizes]
+        self._held_out = _validation_size(samples)
+
+    def initial_params(self) -> np.ndarray:
+        return np.zeros(self.dim)
+
+    def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
+        return self.loss_and_grad(w, partition, draw)[1]
+
+    def loss_and_grad(self, w: np.ndarray, partition: int, draw: int) -> tuple[float, np.ndarray]:
+        sd = self._noise[partition]
+        rng = np.random.default_rng([self.seed, 0x9AD, 1, partition, draw]) if sd else None
+        return self._pass(w, sd, rng, grad=True)
+
+    def loss(self, w: np.ndarray) -> float:
+        return self._pass(w, 0.0, None, grad=False)[0]
+
+    def evaluate(self, w: np.ndarray) -> dict[str, float]:
+        """The training loss and gap (the same: F* = 0) and the validation loss (see the class)."""
+        train, val = self._pass(w, self._held_out ** -0.5, self._held_out_noise(self._held_out), grad=False)
+        return {"train_loss": train, "gap": train - 0.0, "val_loss": val}
+
+    def probe_grad(self, w: np.ndarray) -> np.ndarray:
+        k = min(self.batch_size or self._held_out, self._held_out)
+        return self._pass(w, k ** -0.5, self._held_out_noise(k), grad=True)[1]
+
+    def _held_out_noise(self, k: int) -> np.random.Generator:
+        """The stream of the mean noise of the first k validation samples."""
+        return np.random.default_rng([self.seed, 0x9AD, 2, k])
+
+    def _pass(self, w: np.ndarray, sd: float, rng: np.random.Generator | None,
+              grad: bool) -> tuple:
+        """One pass over w's chunks: (f(w), gradient) with grad, else (f(w), the noisy loss) (f(w)
+        twice without noise). The noise z = sd * rng's normals enters the loss as z . (w - t) and
+        the gradient as + z."""
+        out = np.empty(self.dim, dtype=w.dtype if w.dtype.kind == "f" else np.float64) if grad else None
+        clean = noisy = 0.0
+        for start in range(0, self.dim, len(self._h)):
+            stop = min(start + len(self._h), self.dim)
+            h, t = self._h[:stop - start], self._t[:stop - start]
+            d = w[start:stop] - t  # float64 (t is)
+            g = h * d
+            part = 0.5 * float(d @ g)
+            clean += part
+            if rng is not None:
+                z = rng.standard_normal(stop - start)
+                z *= sd
+                part += float(z @ d)
+                g += z
+            noisy += part
+            if out is not None:
+                out[start:stop] = g
+        return (noisy, out) if grad else (clean, noisy)
+
+
 class FirstMinibatch:
     """A problem whose every computation of a partition uses that partition's first minibatch
     (draw 0), as the authors' published code did: it re-created each partition's data loader at
@@ -182,6 +278,14 @@ def with_sampling(problem: Problem, fixed_minibatch: bool) -> Problem:
     return FirstMinibatch(problem) if fixed_minibatch else problem
 
 
+def _minibatch_noise(size: int, batch_size: int | None) -> float:
+    """The standard deviation of the mean of batch_size of `size` unit-variance values drawn
+    without replacement (0 for the whole partition)."""
+    if batch_size is None or batch_size >= size:
+        return 0.0
+    return float(np.sqrt((size - batch_size) / (batch_size * (size - 1))))
+
+
 def _validation_size(samples: int) -> int:
     """Validation samples beside `samples` training ones: a fifth as many (at least 20)."""
     return max(20, samples // 5)
@@ -191,4 +295,4 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
-PROBLEMS = {"least-squares": LeastSquares, "logistic": Logistic}
+PROBLEMS = {"least-squares": LeastSquares, "logistic": Logistic, "quadratic": Quadratic}

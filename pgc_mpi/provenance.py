@@ -2,8 +2,9 @@
 
 The command line, the pgc-mpi version and git commit (when run from a checkout), the UTC start
 time, the host of every rank, the Slurm job, step and array ids, the MPI library and the
-versions of the Python packages. After a resume the earlier starts are kept (`earlier_starts`),
-so the folder says how its run was put together.
+versions of the Python packages, and every rank's process (`ranks`, by rank: rank_record, taken
+once its problem is built). After a resume the earlier starts are kept (`earlier_starts`), so
+the folder says how its run was put together.
 """
 
 from __future__ import annotations
@@ -58,6 +59,37 @@ def git_commit(where: Path = PACKAGE_DIR) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def resident_memory() -> dict[str, float | None]:
+    """This process's resident memory now (VmRSS) and at its peak so far (VmHWM), in MiB, from
+    /proc/self/status (None where there is no such file: not Linux)."""
+    found: dict[str, float | None] = {"rss_mib": None, "peak_rss_mib": None}
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return found
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        name = {"VmRSS": "rss_mib", "VmHWM": "peak_rss_mib"}.get(key)
+        if name and value.split():
+            found[name] = round(int(value.split()[0]) / 1024, 1)  # kB
+    return found
+
+
+def rank_record() -> dict[str, Any]:
+    """This rank's process as config.json's provenance lists it: its pid, whether torch has been
+    imported in it (a worker of a synthetic --problem never imports it), and its resident memory."""
+    return {"pid": os.getpid(), "torch_loaded": "torch" in sys.modules, **resident_memory()}
+
+
+def describe_rank(record: dict[str, Any]) -> str:
+    """A rank_record in words, for the log."""
+    def mib(value: float | None) -> str:
+        return "?" if value is None else f"{value:.0f} MiB"
+
+    return (f"process {record['pid']}, resident memory {mib(record['rss_mib'])} (peak {mib(record['peak_rss_mib'])}), "
+            f"torch {'loaded' if record['torch_loaded'] else 'not loaded'}")
 
 
 def start_record(argv: list[str], hosts: list[str]) -> dict[str, Any]:

@@ -29,6 +29,9 @@ SIM_OPTIONS = ("compute_time", "eval_every")
 
 def sim_config(options: dict[str, Any], workers: int) -> SimConfig:
     """The SimConfig of a run's pgc-train options (ConfigError if it cannot be simulated)."""
+    if options.get("problem") is not None:
+        raise ConfigError(f"backend \"sim\" simulates torch models only, not problem = \"{options['problem']}\": "
+                          f"simulate synthetic problems with pgc-sim --problem, or use the MPI backend")
     if options.get("compute_time") is None:
         raise ConfigError("backend \"sim\" needs compute_time in [train]: the simulated seconds of one partition "
                           "gradient")
@@ -43,7 +46,8 @@ def run_simulated(options: dict[str, Any], workers: int, out: Path) -> None:
     from .sim import simulate
 
     cfg = sim_config(options, workers)
-    problem_options = {k: options.get(k, getattr(TrainConfig, k)) for k in PROBLEM_OPTIONS}  # pgc-train's defaults
+    defaults = TrainConfig()  # pgc-train's defaults for a torch model
+    problem_options = {k: options.get(k, getattr(defaults, k)) for k in PROBLEM_OPTIONS}
     problem = load_problem(problem_options["dataset"], problem_options["model"], workers,
                            problem_options["batch_size"], seed=cfg.seed, dtype=problem_options["dtype"],
                            eval_train=problem_options["eval_train"])

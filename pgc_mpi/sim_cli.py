@@ -22,7 +22,11 @@ from typing import TYPE_CHECKING
 from .choices import DTYPE_NAMES, MODELS, PEER_SCHEMES
 from .config import (
     CORE_FIELDS,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_DATASET,
+    DEFAULT_MODEL,
     MAX_SEED,
+    SYNTHETIC_DEFAULTS,
     SimConfig,
     TrainConfig,
     _add_field_options,
@@ -43,10 +47,10 @@ DEFAULT_SCHEMES = ("dgd", "is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "is-gc-cr", "p
 SIM_DEFAULTS = {"delay": "exp:1.0", "steps": 200}
 # Defaults that depend on the kind of problem: (synthetic, torch). A torch problem takes pgc-train's
 # minibatch and evaluation cadence (evaluating a whole data set every step would dominate the run).
-BATCH_SIZE = (None, TrainConfig.batch_size)
+BATCH_SIZE = (None, DEFAULT_BATCH_SIZE)
 EVAL_EVERY = (1, TrainConfig.eval_every)
-SYNTHETIC = {"problem": "least-squares", "samples": 1200, "dim": 20, "target_gap": 1e-3}
-TORCH = {"model": TrainConfig.model, "dataset": TrainConfig.dataset, "dtype": TrainConfig.dtype,
+SYNTHETIC = {"problem": "least-squares", **SYNTHETIC_DEFAULTS, "target_gap": 1e-3}
+TORCH = {"model": DEFAULT_MODEL, "dataset": DEFAULT_DATASET, "dtype": TrainConfig.dtype,
          "eval_train": TrainConfig.eval_train, "verify_data": TrainConfig.verify_data, "threads": TrainConfig.threads}
 
 

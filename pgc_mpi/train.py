@@ -1,5 +1,11 @@
 """`pgc-train`: the MPI entry point. Rank 0 validates and runs the master; ranks 1..N are workers
-(with --scheme ddp they train as a torch.distributed group and rank 0 only watches: pgc_mpi.ddp)."""
+(with --scheme ddp they train as a torch.distributed group and rank 0 only watches: pgc_mpi.ddp).
+
+With a synthetic --problem the workers never import torch (nor anything that does): a worker
+rank is then numpy and MPI only, small and quick to start, so that many fit on one machine.
+config.json's provenance says so, rank by rank ("ranks": whether torch is loaded and the
+resident memory once the problem is built), and at --log-level debug every worker logs its
+peak resident memory at the end."""
 
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from .faults import parse_faults
 from .message import Layout, buffers_per_message, gradient_header
 from .metrics import MetricsWriter, Progress, configure_logging, json_line, make_log_dir, setup_logging, write_json
 from .stragglers import DelayModel
-from .transport import MasterTransport, WorkerTransport, abort, duplicate_world
+from .transport import MasterTransport, WorkerTransport, abort, duplicate_world, wait_for_all
 from .worker import WorkerSettings, run_worker
 
 # Exit status of a run that stopped because training produced NaN or Inf (see Master._update).
@@ -32,11 +38,16 @@ EXIT_DIVERGED = 4
 
 def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = False):
     """The model and data of this rank: a worker's stored partitions, or none for the master.
-    `verify`: check the data file's checksum (rank 0 does, once; every rank checks the content)."""
+    `verify`: check the data file's checksum (rank 0 does, once; every rank checks the content).
+    A synthetic --problem is built whole on every rank, without torch."""
+    from .problems import PROBLEMS, with_sampling
+
+    if cfg.synthetic:
+        problem = PROBLEMS[cfg.problem](n, samples=cfg.samples, dim=cfg.dim, batch_size=cfg.batch_size, seed=cfg.seed)
+        return with_sampling(problem, cfg.fixed_minibatch)
     import torch
 
     from .models import load_problem
-    from .problems import with_sampling
 
     torch.set_num_threads(cfg.threads)
     return with_sampling(load_problem(cfg.dataset, cfg.model, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype,
@@ -101,7 +112,7 @@ def _identity(cfg: TrainConfig, scheme, dim: int) -> dict:
     from .checkpoint import run_identity
 
     return run_identity(scheme, dim, dtype=cfg.dtype, model=cfg.model, dataset=cfg.dataset, seed=cfg.seed,
-                        optimizer=cfg.optimizer)
+                        optimizer=cfg.optimizer, problem=cfg.problem, samples=cfg.samples)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,16 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     log = setup_logging(rank)
     # Two steps, each ended by a broadcast of rank 0's verdict: the configuration (no torch, so
     # errors are immediate), then the master's data and checkpoint, while the workers import
-    # torch (seconds) in the meantime.
+    # torch (seconds) in the meantime, unless the problem is synthetic (they never do then).
+    # (each wait for rank 0 sleeps, wait_for_all: spinning workers would starve it of shared cores)
     status, cfg = _outcome(lambda: _configure(argv, size - 1)) if rank == 0 else (None, None)
+    wait_for_all(comm)
     status, value = comm.bcast((status, cfg.to_dict() if cfg is not None else None), root=0)
     if status is not None:
         return int(status)
-    if rank > 0:
-        import torch  # noqa: F401 - see above
     cfg = TrainConfig(**value)
+    if rank > 0 and not cfg.synthetic:
+        import torch  # noqa: F401 - see above
     log = configure_logging(rank, cfg.log_level, cfg.log_dir)
     status, state = _outcome(lambda: _prepare(cfg, size - 1)) if rank == 0 else (None, None)
+    wait_for_all(comm)
     status = comm.bcast(status, root=0)
     if status is not None:
         return int(status)
@@ -160,6 +174,7 @@ def _record_failure(cfg: TrainConfig, rank: int, reason: str) -> None:
 
 
 def _train(cfg: TrainConfig, state, comm, log, start: dict) -> int:
+    wait_for_all(comm)  # rank 0 has been writing its start record (it imports torch and h5py)
     if cfg.scheme in PEER_SCHEMES:
         return _train_peers(cfg, state, comm, log, start)
     rank, n = comm.Get_rank(), comm.Get_size() - 1
@@ -169,13 +184,31 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict) -> int:
         if len(set(comm.allgather(digest))) != 1:
             raise PgcError("ranks built different encoding matrices (different numpy versions?)")
     problem, resume = state if rank == 0 else (_problem(cfg, n, partitions=scheme.placement[rank - 1]), None)
+    start = _gather_ranks(comm, log, start)
     layout = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, np.dtype(cfg.dtype))
     delays = DelayModel(cfg.delay, n, seed=cfg.seed)
     if rank > 0:
         settings = WorkerSettings(tuple(parse_faults(cfg.fault, n)), cfg.refresh_over(scheme), cfg.compute_time)
-        run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval), delays, settings)
+        computed = run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval), delays,
+                              settings)
+        _log_rank_end(log, f"{computed} gradients computed")
         return 0
     return _run_master(cfg, comm, log, scheme, problem, layout, resume, start)
+
+
+def _gather_ranks(comm, log, start: dict) -> dict:
+    """Every rank's provenance.rank_record, once its problem is built (a collective): into rank 0's
+    start record (config.json's provenance "ranks", by rank), and each rank's own in its log at
+    debug level. Returns the start record."""
+    record = provenance.rank_record()
+    log.debug("problem built; %s", provenance.describe_rank(record))
+    ranks = comm.gather(record, root=0)
+    return {**start, "ranks": ranks} if comm.Get_rank() == 0 else start
+
+
+def _log_rank_end(log, what: str) -> None:
+    """A worker's last debug line: what it did, its peak resident memory and whether torch was loaded."""
+    log.debug("stopped: %s; %s", what, provenance.describe_rank(provenance.rank_record()))
 
 
 def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, resume, start: dict) -> int:
@@ -231,9 +264,11 @@ def _train_peers(cfg: TrainConfig, state, comm, log, start: dict) -> int:
     rank, n = comm.Get_rank(), comm.Get_size() - 1
     scheme = ddp.booking_scheme(n, cfg.seed)
     problem = state[0] if rank == 0 else _problem(cfg, n, partitions=scheme.placement[rank - 1])
+    start = _gather_ranks(comm, log, start)
     peers = ddp.connect(comm, problem)
     if rank > 0:
         ddp.run_worker(cfg, peers, scheme, problem, DelayModel(cfg.delay, n, seed=cfg.seed))
+        _log_rank_end(log, "ddp worker done")
         return 0
     out, metrics, progress = _open_outputs(cfg, comm, log, scheme, problem, start)
     monitor = ddp.Monitor(cfg, peers, scheme, problem, metrics, progress)
@@ -266,8 +301,8 @@ def _open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
                                      **cfg.scheme_shape(scheme), "parameters": problem.dim,
                                      "resumed_from_step": resume.step if resume else None,
                                      "provenance": provenance.with_earlier_starts(start, previous)})
-    log.info("%s with n=%d workers, s=%d, c=%d; %s/%s (%d parameters, %s); output in %s",
-             cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.dataset, cfg.model, problem.dim, cfg.dtype, out)
+    log.info("%s with n=%d workers, s=%d, c=%d; %s (%d parameters, %s); output in %s",
+             cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.describe_problem(), problem.dim, cfg.dtype, out)
     return out, metrics, Progress(cfg.steps, cfg.log_interval, log)
 
 
@@ -314,7 +349,7 @@ def _report(cfg: TrainConfig, scheme, summary: dict, last_eval: dict, out: Path)
     """The few lines pgc-train prints at the end."""
     scores = ", ".join(f"{k.replace('_', ' ')} {100 * v:.1f}%" if k.endswith("accuracy") else
                        f"{k.replace('_', ' ')} {v:.4f}" for k, v in last_eval.items() if k != "step")
-    print(f"pgc-train: {cfg.scheme} (n={scheme.n}, s={scheme.s}) on {cfg.dataset}/{cfg.model}: "
+    print(f"pgc-train: {cfg.scheme} (n={scheme.n}, s={scheme.s}) on {cfg.describe_problem()}: "
           f"{summary['steps']} steps in {summary['wall_time']:.1f} s, median step "
           f"{1e3 * (summary['median_step_time'] or 0):.1f} ms\n"
           f"  {scores}\n"

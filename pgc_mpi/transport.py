@@ -51,8 +51,24 @@ def _sleep_until(seconds: float, until: float) -> None:
 
 
 def duplicate_world(comm: MPI.Comm | None = None) -> MPI.Comm:
-    """Our own communicator, so our messages never match the user's (COMM_WORLD's) ones."""
-    return (comm if comm is not None else MPI.COMM_WORLD).Dup()
+    """Our own communicator, so our messages never match the user's (COMM_WORLD's) ones. The ranks
+    that arrive first sleep until the last one has (wait_for_all): ranks start together, and
+    early ones spinning in the Dup would slow down the imports of the others."""
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    wait_for_all(comm)
+    return comm.Dup()
+
+
+# Longest sleep of wait_for_all between two tests of its barrier.
+START_POLL = 0.01
+
+
+def wait_for_all(comm: MPI.Comm) -> None:
+    """A barrier waited with Backoff's sleeps (`barrier`), for the start-up's collectives: MPICH's
+    blocking ones spin, and workers spinning while they wait for rank 0 (importing torch, reading
+    data) take the cores it needs when ranks share them (measured: most of the start-up time of
+    many light ranks on a few cores). Call it before a collective that waits for rank 0's work."""
+    barrier(comm, START_POLL)
 
 
 def abort(code: int) -> None:

@@ -147,6 +147,14 @@ def test_every_option_shows_exactly_one_default(parser, capsys):
     (["--resume", "latest"], "--resume latest needs --out"),
     (["--fault", "boom:1@2"], "--fault 'boom:1@2'"),
     (["--fault", "nan:7@2"], "worker id 7 is outside 0..3"),
+    (["--problem", "quadratic", "--model", "mlp"],
+     "--problem quadratic (a synthetic problem) and --model mlp (a torch model on a data set) exclude each other"),
+    (["--dataset", "digits", "--problem", "logistic"], "--problem logistic (a synthetic problem) and --dataset digits"),
+    (["--problem", "cubic"], "--problem 'cubic' is not one of: least-squares, logistic, quadratic"),
+    (["--dim", "1000"], "--dim 1000 applies only to a synthetic problem: give --problem"),
+    (["--problem", "quadratic", "--dim", "0"], "--dim must be a positive integer"),
+    (["--problem", "quadratic", "--scheme", "ddp"], "--scheme ddp trains a torch model"),
+    (["--problem", "least-squares", "--dim", "100000"], "use --problem quadratic (no data matrix) for large --dim"),
 ])
 def test_bad_flags_give_one_clear_error(args, message):
     cfg = config_from_args(args)
@@ -184,7 +192,7 @@ def test_toml_then_flags(tmp_path):
     path.write_text('scheme = "gc-cr"\nsteps = 7\nlr = 0.2\neval-every = 100\nmax_staleness = 2\n')
     cfg = config_from_args(["--config", str(path), "--steps", "5"])
     assert (cfg.scheme, cfg.steps, cfg.lr, cfg.eval_every, cfg.max_staleness) == ("gc-cr", 5, 0.2, 100, 2)
-    assert cfg.batch_size == TrainConfig.batch_size  # untouched: the built-in default
+    assert cfg.batch_size == TrainConfig().batch_size == 32  # untouched: the built-in default
     cfg.validate(WORKERS)
 
 

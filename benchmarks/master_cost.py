@@ -1,0 +1,89 @@
+"""The master's own cost per step under real MPI, against the number of workers and the model size.
+
+    python benchmarks/master_cost.py --workers 8 16 32 64 --dims 100000 1000000 --out bench/master-cost
+
+For every (N, d) it runs `pgc-train --problem quadratic --dim d` under mpiexec with N workers
+(torch-free worker ranks, so 64 of them fit on one machine), emulated compute (--compute-time:
+ranks that share cores behave like cluster nodes) and injected delays, then reads the master's
+own work per step from the step records (receive, decode, update, send: see README, Outputs)
+and compares the median step time with the simulator's for the same settings (whose master
+takes no time). Printed: one markdown table row per (N, d), medians over the steps after the
+first few (start-up), and the simulated step time beside the measured one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pgc_mpi.config import SimConfig
+from pgc_mpi.message_log import read_steps
+from pgc_mpi.metrics import MASTER_PARTS
+from pgc_mpi.problems import PROBLEMS
+from pgc_mpi.sim import simulate
+
+WARMUP = 3  # steps left out of the medians: the first models reach workers still starting up
+
+
+def mpi_run(args: argparse.Namespace, n: int, dim: int, out: Path) -> tuple[list[dict], float]:
+    """(step records, seconds from launch to the end) of one pgc-train run with n workers."""
+    cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n + 1), sys.executable, "-m", "pgc_mpi", "train",
+           "--problem", "quadratic", "--dim", str(dim), "--scheme", args.scheme, "-s", str(args.s),
+           "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--steps", str(args.steps),
+           "--eval-every", str(args.steps), "--delay", args.delay, "--compute-time", str(args.compute_time),
+           "--seed", str(args.seed), "--dtype", "float32", "--overwrite", "--out", str(out)]
+    env = {**os.environ, "MPIEXEC_TIMEOUT": str(args.timeout), "OMP_NUM_THREADS": "1"}
+    began = time.monotonic()
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=args.timeout + 60)
+    return read_steps(out), time.monotonic() - began
+
+
+def sim_step_time(args: argparse.Namespace, n: int, dim: int) -> float:
+    """The simulator's median step time for the same settings (its master takes no time)."""
+    problem = PROBLEMS["quadratic"](n, dim=dim, batch_size=args.batch_size, seed=args.seed)
+    cfg = SimConfig(scheme=args.scheme, workers=n, stragglers=args.s, steps=args.steps, lr=args.lr, delay=args.delay,
+                    seed=args.seed, compute_time=args.compute_time, eval_every=args.steps)
+    return float(np.median([r["step_time"] for r in simulate(cfg, problem).records[WARMUP:]]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--dims", type=int, nargs="+", default=[100_000, 1_000_000])
+    p.add_argument("--scheme", default="pgc-cr")
+    p.add_argument("-s", type=int, default=1)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--delay", default="exp:0.1")
+    p.add_argument("--compute-time", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=int, default=900, help="seconds one mpiexec may take")
+    p.add_argument("--out", type=Path, default=Path("bench/master-cost"))
+    args = p.parse_args()
+    parts = " | ".join(f"{part} ms" for part in MASTER_PARTS)
+    print(f"{args.scheme}, s={args.s}, --compute-time {args.compute_time}, --delay {args.delay}, float32; "
+          f"medians over steps {WARMUP}..{args.steps - 1}\n")
+    print(f"| N | d | {parts} | master ms | step ms | simulated step ms | MB in per step | run s |")
+    print("|" + "---|" * (len(MASTER_PARTS) + 8))
+    for dim in args.dims:
+        for n in args.workers:
+            steps, wall = mpi_run(args, n, dim, args.out / f"n{n}-d{dim}")
+            used = steps[WARMUP:]
+            part_ms = [1e3 * float(np.median([r[f"{part}_time"] for r in used])) for part in MASTER_PARTS]
+            master = 1e3 * float(np.median([sum(r[f"{part}_time"] for part in MASTER_PARTS) for r in used]))
+            step = 1e3 * float(np.median([r["step_time"] for r in used]))
+            moved = np.diff([r["bytes_received"] for r in steps])[WARMUP - 1:]
+            print(f"| {n} | {dim:,} | " + " | ".join(f"{v:.1f}" for v in part_ms)
+                  + f" | {master:.1f} | {step:.0f} | {1e3 * sim_step_time(args, n, dim):.0f} "
+                  f"| {float(np.median(moved)) / 1e6:.1f} | {wall:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
