@@ -8,12 +8,14 @@ ranks that share cores behave like cluster nodes) and injected delays, then read
 own work per step from the step records (receive, decode, update, send: see README, Outputs)
 and compares the median step time with the simulator's for the same settings (whose master
 takes no time). Printed: one markdown table row per (N, d), medians over the steps after the
-first few (start-up), and the simulated step time beside the measured one.
+first few (start-up), the simulated step time beside the measured one, the time from launch to
+the first step and a worker rank's resident memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -32,16 +34,23 @@ WARMUP = 3  # steps left out of the medians: the first models reach workers stil
 
 
 def mpi_run(args: argparse.Namespace, n: int, dim: int, out: Path) -> tuple[list[dict], float]:
-    """(step records, seconds from launch to the end) of one pgc-train run with n workers."""
+    """(step records, seconds from launch to the first step record) of one pgc-train run with n workers."""
     cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n + 1), sys.executable, "-m", "pgc_mpi", "train",
            "--problem", "quadratic", "--dim", str(dim), "--scheme", args.scheme, "-s", str(args.s),
            "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--steps", str(args.steps),
            "--eval-every", str(args.steps), "--delay", args.delay, "--compute-time", str(args.compute_time),
            "--seed", str(args.seed), "--dtype", "float32", "--overwrite", "--out", str(out)]
     env = {**os.environ, "MPIEXEC_TIMEOUT": str(args.timeout), "OMP_NUM_THREADS": "1"}
-    began = time.monotonic()
+    launched = time.time()
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=args.timeout + 60)
-    return read_steps(out), time.monotonic() - began
+    steps = read_steps(out)
+    return steps, steps[0]["time"] - launched
+
+
+def worker_memory(out: Path) -> float:
+    """The median worker's resident MiB once its problem was built (config.json's provenance.ranks)."""
+    ranks = json.loads((out / "config.json").read_text())["provenance"]["ranks"]
+    return float(np.median([r["rss_mib"] for r in ranks[1:]]))
 
 
 def sim_step_time(args: argparse.Namespace, n: int, dim: int) -> float:
@@ -70,11 +79,12 @@ def main() -> None:
     parts = " | ".join(f"{part} ms" for part in MASTER_PARTS)
     print(f"{args.scheme}, s={args.s}, --compute-time {args.compute_time}, --delay {args.delay}, float32; "
           f"medians over steps {WARMUP}..{args.steps - 1}\n")
-    print(f"| N | d | {parts} | master ms | step ms | simulated step ms | MB in per step | run s |")
+    print(f"| N | d | {parts} | master ms | step ms | simulated step ms | MB in per step | start s | worker MiB |")
     print("|" + "---|" * (len(MASTER_PARTS) + 8))
     for dim in args.dims:
         for n in args.workers:
-            steps, wall = mpi_run(args, n, dim, args.out / f"n{n}-d{dim}")
+            out = args.out / f"n{n}-d{dim}"
+            steps, start = mpi_run(args, n, dim, out)
             used = steps[WARMUP:]
             part_ms = [1e3 * float(np.median([r[f"{part}_time"] for r in used])) for part in MASTER_PARTS]
             master = 1e3 * float(np.median([sum(r[f"{part}_time"] for part in MASTER_PARTS) for r in used]))
@@ -82,7 +92,7 @@ def main() -> None:
             moved = np.diff([r["bytes_received"] for r in steps])[WARMUP - 1:]
             print(f"| {n} | {dim:,} | " + " | ".join(f"{v:.1f}" for v in part_ms)
                   + f" | {master:.1f} | {step:.0f} | {1e3 * sim_step_time(args, n, dim):.0f} "
-                  f"| {float(np.median(moved)) / 1e6:.1f} | {wall:.0f} |", flush=True)
+                  f"| {float(np.median(moved)) / 1e6:.1f} | {start:.0f} | {worker_memory(out):.0f} |", flush=True)
 
 
 if __name__ == "__main__":
