@@ -131,4 +131,13 @@ for _ in $(seq 120); do
   sleep 0.5
 done
 [ "$idle" -ge "$n" ] || { echo "multinode-up: nodes not idle; see $PGC_MN_DIR/node*/slurmd.log and $PGC_MN_DIR/ctld/slurmctld.log" >&2; exit 1; }
+# A fresh link's IPv6 address stays tentative for a second or two (duplicate address detection);
+# an MPI job started meanwhile once failed in MPI_Init (UCX's address exchange between nodes), so
+# wait until every node's addresses are settled, as a booted machine's are.
+for i in $(seq 1 "$n"); do
+  for _ in $(seq 100); do
+    [ -z "$(mn_exec "$i" ip -6 addr show tentative)" ] && break
+    sleep 0.1
+  done
+done
 log "$n nodes up; export SLURM_CONF=$SLURM_CONF"
