@@ -58,6 +58,14 @@ SYNTHETIC_DEFAULTS = {"samples": 1200, "dim": 20}
 MATRIX_ELEMENTS_LIMIT = 2**24
 
 
+def refuse_mixed_problem(synthetic: list[str], torch: list[str]) -> None:
+    """The one error for options of both kinds of problem (pgc-train's and pgc-sim's): `synthetic`
+    and `torch` are the options given of each kind, as the user typed them."""
+    if synthetic and torch:
+        raise ConfigError(f"{', '.join(synthetic)} (a synthetic problem) and {' and '.join(torch)} (a torch model "
+                          f"on a data set) exclude each other: give one kind or the other")
+
+
 def available_cores() -> int:
     """Cores this process may run on (its CPU affinity where the platform has one)."""
     try:
@@ -308,10 +316,8 @@ class TrainConfig(CoreConfig):
                                   f"synthetic problem: give --problem ({', '.join(PROBLEMS)}) too")
             _choice("model", self.model, MODELS)
             return
-        torch = [f"--{name} {getattr(self, name)}" for name in ("model", "dataset") if getattr(self, name) is not None]
-        if torch:
-            raise ConfigError(f"--problem {self.problem} (a synthetic problem) and {' and '.join(torch)} (a torch "
-                              f"model on a data set) exclude each other: give one kind or the other")
+        refuse_mixed_problem([f"--problem {self.problem}"], [f"--{name} {getattr(self, name)}" for name in
+                                                             ("model", "dataset") if getattr(self, name) is not None])
         _choice("problem", self.problem, tuple(PROBLEMS))
         _positive_int("dim", self.dim)
         _positive_int("samples", self.samples)

@@ -32,6 +32,7 @@ from .config import (
     _add_field_options,
     add_core_options,
     available_cores,
+    refuse_mixed_problem,
     show_default,
 )
 from .errors import ConfigError, PgcError
@@ -175,9 +176,7 @@ def problem_from_args(args: argparse.Namespace) -> ProblemChoice:
     """The problem the flags choose (ConfigError for options of the other kind or bad values)."""
     torch_given = _given(args, ("model", "dataset"))
     synthetic_given = _given(args, ("problem", "samples", "dim"))
-    if torch_given and synthetic_given:
-        raise ConfigError(f"{', '.join(synthetic_given)} (a synthetic problem) and {' and '.join(torch_given)} "
-                          f"(a torch model on a data set) exclude each other: give one kind or the other")
+    refuse_mixed_problem(synthetic_given, torch_given)
     if args.batch_size is not None and args.batch_size < 1:
         raise ConfigError(f"--batch-size must be a positive integer, got {args.batch_size}")
     return _torch_choice(args) if torch_given else _synthetic_choice(args)

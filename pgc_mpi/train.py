@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -248,7 +249,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, re
     return code
 
 
-def _stop_job(log, signal_name: str) -> None:
+def _stop_job(log, signal_name: str) -> NoReturn:
     """End a run stopped by a signal with EXIT_STOPPED, saying first that MPI's abort banner that
     follows is intended (it must not read as a crash in a batch log)."""
     log.warning("stopped by %s as requested; the MPI_Abort message that follows is intended (exit status %d: "

@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import time
+from typing import NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -71,7 +72,7 @@ def wait_for_all(comm: MPI.Comm) -> None:
     barrier(comm, START_POLL)
 
 
-def abort(code: int) -> None:
+def abort(code: int) -> NoReturn:
     """End every rank of the job now with `code` (MPICH returns from Abort briefly: exit hard after it).
 
     The whole job is meant, so this is the one place that uses COMM_WORLD: MPICH's mpiexec
