@@ -353,7 +353,9 @@ class SimConfig(CoreConfig):
     probe_every: steps between two probes of pbs's diagnostics (pgc-train probes at --eval-every);
     target_loss: stop once the evaluated loss (the training loss; the test loss where the
     evaluation has none) is at most this (None: run all steps); eval_every: evaluate the problem
-    every this many steps and after the last one (a step record carries its metrics only then).
+    every this many steps and after the last one (a step record carries its metrics only then);
+    master_cost: a JSON cost model of the master's own work (pgc_mpi.master_cost), charged on the
+    simulated clock (None: the master takes no time).
     """
 
     workers: int = 12
@@ -362,9 +364,14 @@ class SimConfig(CoreConfig):
     probe_every: int = 20  # pbs diagnostics' probes, as pgc-train's --eval-every (default 20)
     target_loss: float | None = None
     eval_every: int = 1
+    master_cost: str | None = None  # a cost model file (pgc_mpi.master_cost); None: the master takes no time
 
     def __post_init__(self) -> None:
         self.validate_core(self.workers)
+        if self.master_cost is not None:
+            from .master_cost import load
+
+            load(self.master_cost)  # ConfigError now, not after the first simulated steps
         _positive("compute-time", self.compute_time)
         _positive_int("probe-every", self.probe_every)
         _positive_int("eval-every", self.eval_every)

@@ -29,6 +29,7 @@ import numpy as np
 from .collector import CodedCollector, Decoded, TableCollector, make_collector
 from .config import SimConfig
 from .diagnostics import TableDiagnostics
+from .master_cost import load as load_master_cost
 from .message import Layout, Message, buffers_per_message, gradient_header
 from .metrics import master_times
 from .optim import FlatOptimizer
@@ -229,6 +230,9 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
     diagnostics = (TableDiagnostics(problem, cfg.probe_every, cfg.staleness_bound(scheme), cfg.adapt)
                    if isinstance(scheme, PbsScheme) else None)
     nbytes = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, np.float64).nbytes
+    cost = load_master_cost(cfg.master_cost) if cfg.master_cost is not None else None
+    per_message = cost.receive_seconds(scheme.n, problem.dim) if cost else 0.0  # the master's time per message
+    step_parts = cost.step_seconds(scheme.n, problem.dim) if cost else {}  # decode, update, send
     result = SimResult(cfg, trajectory=[w.copy()] if record_params else [])
     now, received, evaluated = 0.0, 0, False
     workers.start_idle(0, workers.first_start())
@@ -238,15 +242,17 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
         if diagnostics is not None:
             diagnostics.remember(t, w)
         workers.start_idle(t, now)
-        dec, missed, now, arrived = _collect(collector, workers, cfg, began)
+        dec, missed, now, arrived = _collect(collector, workers, cfg, began, per_message)
         received += arrived
         if dec is None:
             result.stalled = (f"step {t}: {scheme.name} cannot decode, the workers still out never answer "
                               f"(still waiting for {collector.waits_on} {collector.waiting_for()})")
             break
         extra = {} if diagnostics is None else diagnostics.observe(t, collector.table, opt.grad, opt)
+        now += sum(step_parts.values())  # the new model leaves once decoded, applied and sent
         # the record before the old models go: its loss is that of the used messages' minibatches
-        record = {"step": t, "wall_time": now, "step_time": now - began, **master_times(),
+        record = {"step": t, "wall_time": now, "step_time": now - began,
+                  **master_times({"receive": arrived * per_message, **step_parts}),
                   "bytes_received": received * nbytes, **collector.record(dec, missed), **extra}
         result.records.append(record)
         opt.step()
@@ -290,9 +296,10 @@ def _reached(cfg: SimConfig, metrics: Mapping[str, float]) -> bool:
 
 
 def _collect(collector: CodedCollector | TableCollector, workers: SimWorkers, cfg: SimConfig,
-             began: float) -> tuple[Decoded | None, bool, float, int]:
+             began: float, per_message: float) -> tuple[Decoded | None, bool, float, int]:
     """Deliver messages in time order until the step decodes: (decoded or None if it never can,
-    deadline missed, the time, messages received)."""
+    deadline missed, the time, messages received). The master takes `per_message` seconds to
+    receive each message: it cannot take in the next batch before it is done with this one."""
     deadline_at = began + cfg.deadline if cfg.deadline is not None else math.inf
     missed, now, arrived = False, began, 0
     while True:
@@ -304,8 +311,9 @@ def _collect(collector: CodedCollector | TableCollector, workers: SimWorkers, cf
                 return dec, missed, deadline_at, arrived
         if nxt == math.inf or (math.isinf(deadline_at) or missed) and _hopeless(collector, workers):
             return None, missed, now, arrived
-        now = nxt
-        arrived += _deliver(collector, workers, now)
+        now = max(now, nxt)
+        batch, now = _deliver(collector, workers, now, per_message)
+        arrived += batch
         if collector.ready():
             return collector.decode(), missed, now, arrived
 
@@ -315,22 +323,25 @@ def _hopeless(collector: CodedCollector | TableCollector, workers: SimWorkers) -
     return workers.table and math.inf in workers.until and not workers.can_refresh(collector.waiting_for())
 
 
-def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers, now: float) -> int:
+def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers, now: float,
+             per_message: float) -> tuple[int, float]:
     """Every message that arrives at time `now` to the master (it reads them all before it
     answers, as the MPI master reads a poll's batch), then the answers: the current model at
     once for a late message (the newest-model rule) and, unless the step is now complete, for
     every pbs message; otherwise the worker waits for the next step's model (start_idle).
-    Returns how many messages arrived."""
+    Returns how many messages arrived and when the master is done receiving them (`per_message`
+    seconds each; the answers leave then)."""
     batch = []
     while workers.next_time() <= now:
         at, msg, payload, loss = workers.finish()
         collector.offer(msg, payload, loss)
         batch.append(msg)
+    now += per_message * len(batch)
     if not collector.ready():
         for msg in batch:
             if collector.answers_every_message or msg.step < collector.step:
                 workers.start(msg.worker, collector.step, now)
-    return len(batch)
+    return len(batch), now
 
 
 def replay(scheme: CodedScheme, problem: Problem, steps: Iterable[dict], optimizer: str = "sgd",

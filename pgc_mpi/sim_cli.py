@@ -137,6 +137,10 @@ def _add_simulator_options(own: argparse._ArgumentGroup) -> None:
     own.add_argument("--probe-every", type=int, default=SimConfig.probe_every,
                      help="steps between two probes of pbs's diagnostics (pgc-train: --eval-every) "
                           f"{show_default('probe_every', SimConfig.probe_every)}")
+    own.add_argument("--master-cost", default=None, metavar="FILE",
+                     help="charge the master's own work (receive, decode, update, send) on the simulated clock "
+                          "with this cost model (JSON, written by benchmarks/master_cost.py --fit) "
+                          "(default: the master takes no time)")
     own.add_argument("--seeds", type=int, default=1,
                      help="run every scheme with seeds SEED, SEED+1, ... (data, partitions and delays follow "
                           "the seed; the schemes of one seed see the same delays) and report mean±sd "
@@ -245,7 +249,7 @@ def configs_from_args(args: argparse.Namespace) -> dict[str, SimConfig]:
                            "replication": args.replication if name == "pbs" else None,
                            "adapt": args.adapt and name == "pbs"},
                         workers=args.workers, compute_time=args.compute_time, probe_every=args.probe_every,
-                        eval_every=target.eval_every, **stop)
+                        eval_every=target.eval_every, master_cost=args.master_cost, **stop)
         for name in schemes
     }
 

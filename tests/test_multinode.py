@@ -44,9 +44,31 @@ def cluster(tmp_path_factory):
     up = subprocess.run([str(SLURM_DIR / "multinode-up.sh"), "3", "8"], env=env, capture_output=True, text=True,
                         timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr
-    yield {**env, "SLURM_CONF": f"{state}/etc/slurm.conf", "PGC_VENV": sys.prefix, "MPIEXEC_TIMEOUT": "240",
-           "OMP_NUM_THREADS": "1"}
+    ready = {**env, "SLURM_CONF": f"{state}/etc/slurm.conf", "PGC_VENV": sys.prefix, "MPIEXEC_TIMEOUT": "240",
+             "OMP_NUM_THREADS": "1"}
+    _wait_for_mpi_across_nodes(ready, tmp_path_factory.mktemp("mpi-ready"))
+    yield ready
     subprocess.run([str(SLURM_DIR / "multinode-down.sh")], env=env, capture_output=True, timeout=120)
+
+
+def _wait_for_mpi_across_nodes(env: dict, folder: Path, attempts: int = 3) -> None:
+    """Start one MPI job across the three nodes (MPI_Init and a barrier) before the tests, as a
+    cluster's health check would, retried a few times: twice in CI the first cross-node job after
+    the cluster came up failed inside MPI_Init (UCX's address exchange unpacked an address with
+    bandwidth 0 and gave up), never a later one, and never in 20 fresh clusters (40 jobs) here. The
+    tests' own jobs then run on a cluster known to start MPI; a cluster that never does fails."""
+    hello = f"{shlex.quote(sys.executable)} -c 'from mpi4py import MPI; MPI.COMM_WORLD.Barrier()'"
+    failures = []
+    for attempt in range(attempts):
+        out = folder / f"attempt{attempt}.out"
+        proc = _sbatch(env, folder, ["-N", "3", "-n", "3", "-o", str(out), "--wrap", f"srun --mpi=pmi2 {hello}"],
+                       timeout=120)
+        if proc.returncode == 0:
+            if failures:
+                print(f"MPI across nodes started at attempt {attempt + 1}; before:\n" + "\n".join(failures))
+            return
+        failures.append(f"attempt {attempt + 1}: exit {proc.returncode}\n{out.read_text() if out.exists() else ''}")
+    pytest.fail("MPI never started across the emulated nodes:\n" + "\n".join(failures))
 
 
 def _sbatch(env: dict, cwd: Path, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
