@@ -87,7 +87,8 @@ def measured_row(n: int, dim: int, used: list[dict]) -> dict:
 
 def report_fit(args: argparse.Namespace, rows: list[dict], measured_ms: list[tuple[float, float]]) -> None:
     """Fit the cost model to `rows`, save it to args.fit, and print the simulator's step time with it."""
-    measured = {"command": "python benchmarks/master_cost.py " + " ".join(sys.argv[1:]),
+    command = [a for a in sys.argv[1:] if a != "--reuse"]  # --reuse reads the runs this command made
+    measured = {"command": "python benchmarks/master_cost.py " + " ".join(command),
                 "date": time.strftime("%Y-%m-%d", time.gmtime()), "host": os.uname().nodename,
                 "cpus": os.cpu_count(), "dtype": "float32", "scheme": args.scheme, "rows": rows}
     cost = fit(rows, measured)

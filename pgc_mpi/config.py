@@ -36,6 +36,7 @@ from .problems import PROBLEMS
 from .schemes import FR_DECODE_RULES, ON_STALE, SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
 from .stragglers import USAGE as DELAY_USAGE
 from .stragglers import DelayModel
+from .wire import WIRE_DTYPES
 
 
 def check_deadline(deadline: float | None, policy: str) -> None:
@@ -95,6 +96,7 @@ class CoreConfig:
     fr_decode: str = "covered"
     adapt: bool = False
     fixed_minibatch: bool = False
+    wire_dtype: str | None = None
 
     def validate_core(self, workers: int) -> None:
         """Check the shared fields, then that the scheme, s, c and the delay model fit `workers` workers."""
@@ -109,6 +111,8 @@ class CoreConfig:
         _positive("lr", self.lr)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("fr-decode", self.fr_decode, FR_DECODE_RULES)
+        if self.wire_dtype is not None:
+            _choice("wire-dtype", self.wire_dtype, WIRE_DTYPES)
         if not (_is_number(self.momentum) and 0 <= self.momentum < 1):
             raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum!r}")
         if not isinstance(self.delay, str):
@@ -202,7 +206,7 @@ def slurm_run_name() -> str | None:
 
 
 # Options the peer baselines (PEER_SCHEMES: torch DDP, no master in the training loop) do not support.
-_NOT_WITH_PEERS = ("deadline", "checkpoint_every", "resume", "fault")
+_NOT_WITH_PEERS = ("deadline", "checkpoint_every", "resume", "fault", "wire_dtype")
 
 
 @dataclass(frozen=True)
@@ -454,6 +458,8 @@ _HELP = {
     "fixed_minibatch": "every computation of a partition uses its first minibatch, as the authors' published code "
                        "did (it re-created the data loaders every step without shuffling); to compare with the "
                        "paper's numbers",
+    "wire_dtype": f"number format of the gradient messages: {', '.join(WIRE_DTYPES)}; workers round their coded "
+                  "gradient to it, the master widens and accumulates in --dtype (models travel in --dtype)",
     "batch_size": "minibatch size per partition gradient",
     "dataset": f"built-in data set ({', '.join(BUILTIN_DATASETS)}) or an HDF5 file made by `python -m data_prep`",
     "model": f"model: {', '.join(MODELS)}",
@@ -507,6 +513,7 @@ _NONE_DEFAULT = {
     "resume": "none, start afresh",
     "log_dir": "none, standard error only",
     "compute_time": "none, as long as it takes",
+    "wire_dtype": "--dtype; pgc-sim: float64, nothing rounded",
 }
 
 

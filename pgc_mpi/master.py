@@ -77,7 +77,7 @@ class Master:
         self.settings, self.scheme, self.problem, self.link = settings, scheme, problem, link
         self.metrics, self.progress, self.checkpointer = metrics, progress, checkpointer
         self.n = scheme.n
-        self.w = problem.initial_params().astype(link.grad_layout.dtype)
+        self.w = problem.initial_params().astype(link.wire.compute)
         self.opt = FlatOptimizer(self.w, settings.optimizer, settings.lr, momentum=settings.momentum)
         self.collector = make_collector(scheme, self.opt.grad, settings.max_staleness,
                                         first=resume.step if resume is not None else 0)
@@ -227,9 +227,10 @@ class Master:
         """Judge one arrived message, offer it to the collector, and free its buffer unless held."""
         self.busy[worker] = False
         msg = Message.read(self.link.headers[worker])
-        kind, why = self._fault(worker, msg)
+        values = self.link.wire.decode(self.link.payloads[worker])  # widened to the run's dtype
+        kind, why = self._fault(worker, msg, values)
         if kind is None:
-            verdict = self.collector.offer(msg, self.link.payloads[worker])
+            verdict = self.collector.offer(msg, values)
             if verdict in ("future", "unknown", "duplicate"):
                 kind, why = verdict, (f"a {verdict} message (header says worker {msg.worker}, step {msg.step}, "
                                       f"partition {msg.partition})")
@@ -240,11 +241,11 @@ class Master:
         elif self.collector.answers_every_message:  # pbs: answered with the current model at once
             self.sent[worker] = -1
 
-    def _fault(self, worker: int, msg: Message) -> tuple[str | None, str]:
+    def _fault(self, worker: int, msg: Message, values: np.ndarray) -> tuple[str | None, str]:
         """(kind, why) a received message must not enter the model, or (None, ""): a NaN or Inf never does."""
         if msg.worker != worker:
             return "misaddressed", f"its header names worker {msg.worker}"
-        if not np.isfinite(self.link.payloads[worker].sum()):
+        if not np.isfinite(values.sum()):
             return "non-finite", "the gradient contains NaN or Inf"
         if not np.isfinite(msg.loss):
             return "non-finite", "its minibatch loss is NaN or Inf"

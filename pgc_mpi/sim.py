@@ -36,6 +36,7 @@ from .optim import FlatOptimizer
 from .problems import Problem, with_sampling
 from .schemes import CodedScheme, PbsScheme
 from .stragglers import DelayModel
+from .wire import wire_format
 
 
 @dataclass
@@ -142,6 +143,7 @@ class SimWorkers:
         self.count = [0] * n  # pbs: computations started per worker (its slot rotation)
         self.slots: list[tuple[int, ...]] = [()] * n  # coded: the slots each worker's current job computes
         self.refresh_over = cfg.refresh_over(scheme)
+        self.wire = wire_format(cfg.wire_dtype, np.float64)  # messages as the master receives them (--wire-dtype)
         self._attempts: dict[tuple[int, int], int] = {}  # pbs: computations per (worker, model)
         self._events: list[tuple[float, int, int, int, float]] = []  # (end, worker, version, count, delay)
 
@@ -186,7 +188,7 @@ class SimWorkers:
             draw = self.scheme.draw_index(count, slot)
             return (at, Message(version, worker, (version,), partition=part, delay=delay,
                                 compute_time=self.cfg.compute_time),
-                    partial(self.builder.gradient, part, version, draw),
+                    self._on_wire(partial(self.builder.gradient, part, version, draw)),
                     partial(self.builder.loss, part, version, draw))
         computed = self.slots[worker]
         for k in computed:
@@ -195,8 +197,12 @@ class SimWorkers:
                       compute_time=self.cfg.compute_time * len(computed))
         fresh = self.scheme.fresh_slots(version, worker)
         # the versions as they are now: the worker's list changes with its next job
-        return (at, msg, partial(self.builder.message, worker, list(msg.versions)),
+        return (at, msg, self._on_wire(partial(self.builder.message, worker, list(msg.versions))),
                 partial(self.builder.message_loss, worker, version, fresh))
+
+    def _on_wire(self, payload: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
+        """A message's payload as the master receives it: rounded to the wire format, if narrower."""
+        return (lambda: self.wire.round_trip(payload())) if self.wire.narrowed else payload
 
     def can_refresh(self, partitions: list[int]) -> bool:
         """Whether every one of `partitions` has a holder that has not hung (pbs workers never
@@ -229,7 +235,7 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
     workers = SimWorkers(scheme, cfg, builder)
     diagnostics = (TableDiagnostics(problem, cfg.probe_every, cfg.staleness_bound(scheme), cfg.adapt)
                    if isinstance(scheme, PbsScheme) else None)
-    nbytes = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, np.float64).nbytes
+    nbytes = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, workers.wire.storage).nbytes
     cost = load_master_cost(cfg.master_cost) if cfg.master_cost is not None else None
     per_message = cost.receive_seconds(scheme.n, problem.dim) if cost else 0.0  # the master's time per message
     step_parts = cost.step_seconds(scheme.n, problem.dim) if cost else {}  # decode, update, send
@@ -345,24 +351,26 @@ def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers, no
 
 
 def replay(scheme: CodedScheme, problem: Problem, steps: Iterable[dict], optimizer: str = "sgd",
-           lr: float = 0.05, momentum: float = 0.9) -> list[np.ndarray]:
+           lr: float = 0.05, momentum: float = 0.9, wire_dtype: str | None = None) -> list[np.ndarray]:
     """Recompute a recorded run's parameters from its arrivals and message versions.
 
     Each item of `steps` has 'arrivals' (worker ids in order), 'versions' ({worker: the
     versions of its message's buffers}, keys may be strings as in JSON) and optionally
-    'partial', as the MPI master logs them. Returns w_0, w_1, ...
+    'partial', as the MPI master logs them. `wire_dtype`: the run's --wire-dtype (messages are
+    rounded to it as the workers rounded them). Returns w_0, w_1, ...
     """
     w = problem.initial_params().astype(np.float64)
     opt = FlatOptimizer(w, optimizer, lr, momentum=momentum)
     builder = MessageBuilder(scheme, problem)
     builder.add_model(0, w)
     collector = make_collector(scheme, opt.grad)
+    wire = wire_format(wire_dtype, np.float64)
     out = [w.copy()]
     for t, rec in enumerate(steps):
         collector.begin(t)
         versions = {int(k): v for k, v in rec["versions"].items()}
         for i in map(int, rec["arrivals"]):
-            collector.offer(Message(t, i, tuple(versions[i])), builder.message(i, versions[i]))
+            collector.offer(Message(t, i, tuple(versions[i])), wire.round_trip(builder.message(i, versions[i])))
         collector.decode(partial=rec.get("partial", False))
         opt.step()
         builder.add_model(t + 1, w)

@@ -31,6 +31,7 @@ from .message import Layout, buffers_per_message, gradient_header
 from .metrics import MetricsWriter, Progress, configure_logging, json_line, make_log_dir, setup_logging, write_json
 from .stragglers import DelayModel
 from .transport import MasterTransport, WorkerTransport, abort, duplicate_world, wait_for_all
+from .wire import WireFormat, wire_format
 from .worker import WorkerSettings, run_worker
 
 # Exit status of a run that stopped because training produced NaN or Inf (see Master._update).
@@ -186,15 +187,16 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict) -> int:
             raise PgcError("ranks built different encoding matrices (different numpy versions?)")
     problem, resume = state if rank == 0 else (_problem(cfg, n, partitions=scheme.placement[rank - 1]), None)
     start = _gather_ranks(comm, log, start)
-    layout = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, np.dtype(cfg.dtype))
+    wire = wire_format(cfg.wire_dtype, cfg.dtype)
+    layout = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, wire.storage)
     delays = DelayModel(cfg.delay, n, seed=cfg.seed)
     if rank > 0:
         settings = WorkerSettings(tuple(parse_faults(cfg.fault, n)), cfg.refresh_over(scheme), cfg.compute_time)
-        computed = run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval), delays,
-                              settings)
+        computed = run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval, wire),
+                              delays, settings)
         _log_rank_end(log, f"{computed} gradients computed")
         return 0
-    return _run_master(cfg, comm, log, scheme, problem, layout, resume, start)
+    return _run_master(cfg, comm, log, scheme, problem, layout, wire, resume, start)
 
 
 def _gather_ranks(comm, log, start: dict) -> dict:
@@ -212,12 +214,13 @@ def _log_rank_end(log, what: str) -> None:
     log.debug("stopped: %s; %s", what, provenance.describe_rank(provenance.rank_record()))
 
 
-def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, resume, start: dict) -> int:
+def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, wire: WireFormat, resume,
+                start: dict) -> int:
     from .checkpoint import Checkpointer
     from .master import Master, MasterSettings
 
     out, metrics, progress = _open_outputs(cfg, comm, log, scheme, problem, start, resume)
-    link = MasterTransport(comm, scheme.n, layout, cfg.poll_interval)
+    link = MasterTransport(comm, scheme.n, layout, cfg.poll_interval, wire)
     settings = MasterSettings(steps=cfg.steps, optimizer=cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
                               deadline=cfg.deadline, on_deadline=cfg.on_deadline,
                               max_staleness=cfg.staleness_bound(scheme), record_params=cfg.record_params,

@@ -1,7 +1,8 @@
 """The only module that talks to MPI: the communicator, tags, message buffers and requests.
 
 Every message is one contiguous byte buffer laid out by pgc_mpi.message: a header of named
-fields followed by the payload (parameters or a coded gradient) in the run's dtype. The master
+fields followed by the payload (parameters in the run's dtype, or a coded gradient in the wire
+format: pgc_mpi.wire). The master
 receives into one preallocated buffer per worker, polls them with Testsome plus a short sleep
 (never a busy spin, never a wait that cannot time out), and keeps at most one model message in
 flight per worker, sent from a snapshot so the master can update its parameters meanwhile.
@@ -22,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .message import MODEL_HEADER, Layout
+from .wire import WireFormat, wire_format
 
 TAG_MODEL, TAG_GRAD, TAG_STOP, TAG_BYE = 101, 102, 103, 104
 # the ddp baseline's messages (pgc_mpi.ddp): step reports and parameters to rank 0, its verdicts back
@@ -101,10 +103,14 @@ class _Snapshot:
 class MasterTransport:
     """Rank 0's side: model sends to and gradient receives from workers 0..n-1 (ranks 1..n)."""
 
-    def __init__(self, comm: MPI.Comm, n: int, grad_layout: Layout, poll_interval: float):
+    def __init__(self, comm: MPI.Comm, n: int, grad_layout: Layout, poll_interval: float,
+                 wire: WireFormat | None = None):
+        """`wire`: the gradients' format on the wire (default: grad_layout's dtype, nothing
+        rounded); models go out in its compute dtype."""
         self.comm, self.n, self.poll_interval = comm, n, poll_interval
         self.grad_layout = grad_layout
-        self.model_layout = Layout(MODEL_HEADER, grad_layout.dim, grad_layout.dtype)
+        self.wire = wire or wire_format(None, grad_layout.dtype)
+        self.model_layout = Layout(MODEL_HEADER, grad_layout.dim, self.wire.compute)
         self.recv = grad_layout.allocate(n)  # one contiguous row per worker: no aliasing
         views = [grad_layout.split(row) for row in self.recv]
         self.headers = [h for h, _ in views]
@@ -237,9 +243,12 @@ class MasterTransport:
 class WorkerTransport:
     """A worker's side: receive the newest model, send coded gradients, notice the stop."""
 
-    def __init__(self, comm: MPI.Comm, grad_layout: Layout, poll_interval: float):
+    def __init__(self, comm: MPI.Comm, grad_layout: Layout, poll_interval: float, wire: WireFormat | None = None):
+        """`wire`: the gradients' format on the wire (default: grad_layout's dtype, nothing
+        rounded); models arrive in its compute dtype."""
         self.comm, self.poll_interval = comm, poll_interval
-        self.model_layout = Layout(MODEL_HEADER, grad_layout.dim, grad_layout.dtype)
+        self.wire = wire or wire_format(None, grad_layout.dtype)
+        self.model_layout = Layout(MODEL_HEADER, grad_layout.dim, self.wire.compute)
         self._model_buf = self.model_layout.allocate()[0]
         self.model_header, self.model = self.model_layout.split(self._model_buf)
         self._send_buf = grad_layout.allocate()[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -72,8 +73,22 @@ def _send(link: WorkerTransport, faults: tuple[Fault, ...], worker: int, step: i
         log.warning("injected fault: this worker dies now")
         os._exit(17)
     if kind in ("nan", "inf"):
-        link.payload[0] = np.nan if kind == "nan" else np.inf
+        link.wire.encode(np.array([np.nan if kind == "nan" else np.inf]), link.payload[:1])
     link.send(nbytes=link.nbytes // 2 if kind == "badsize" else None)
+
+
+def _put_on_wire(link: WorkerTransport, values: np.ndarray) -> None:
+    """Round the message's values into the link's payload in the wire format; say so (once) when
+    float16's range is exceeded: the master then rejects the message as non-finite."""
+    link.wire.encode(values, link.payload)
+    if link.wire.name == "float16" and not np.isfinite(link.payload).all() and np.isfinite(values).all():
+        _tell_float16_overflow()
+
+
+@functools.cache
+def _tell_float16_overflow() -> None:
+    log.warning("a coded gradient exceeds float16's range (+-%g): the master rejects such messages as non-finite; "
+                "use --wire-dtype bfloat16 (float32's range) or float32", np.finfo(np.float16).max)
 
 
 def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, link: WorkerTransport,
@@ -83,8 +98,10 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
     if isinstance(scheme, PbsScheme):
         return _run_table_worker(worker, scheme, problem, link, delays, settings)
     parts = scheme.placement[worker]
-    coef = scheme.coefficients(worker).astype(link.payload.dtype)
-    buffers = np.zeros((scheme.c, problem.dim), dtype=link.payload.dtype)
+    dtype = link.model.dtype  # the run's: gradients are computed and combined in it, then put on the wire
+    coef = scheme.coefficients(worker).astype(dtype)
+    buffers = np.zeros((scheme.c, problem.dim), dtype=dtype)
+    coded = np.empty(problem.dim, dtype=dtype) if link.wire.narrowed else link.payload
     step = first = link.next_model()
     computed = 0
     if step is not None:  # the first model: step 0, or the step a resumed run starts at
@@ -102,7 +119,9 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
             loss, buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(step, k))
             versions[k] = step
             losses.append(loss)
-        np.dot(coef, buffers, out=link.payload)
+        np.dot(coef, buffers, out=coded)
+        if link.wire.narrowed:
+            _put_on_wire(link, coded)
         took, real = pad_compute(began, len(losses), settings.compute_time, link.stop_requested)
         computed += len(losses)
         slept = injected_delay(delays.delay(worker, step), link.stop_requested)
@@ -125,7 +144,8 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
         slot = scheme.fresh_slots(count, worker)[0]
         part = scheme.placement[worker][slot]
         began = time.perf_counter()
-        loss, link.payload[:] = problem.loss_and_grad(link.model, part, scheme.draw_index(count, slot))
+        loss, grad = problem.loss_and_grad(link.model, part, scheme.draw_index(count, slot))
+        _put_on_wire(link, grad)
         took, real = pad_compute(began, 1, settings.compute_time, link.stop_requested)
         slept = injected_delay(delays.delay(worker, version, attempts), link.stop_requested)
         Message(version, worker, (version,), partition=part, loss=loss, compute_time=took,

@@ -68,10 +68,10 @@ def test_the_flags_win_over_the_checkpoint_s_learning_rate(tmp_path, caplog):
     from pgc_mpi.master import Master, MasterSettings
     from pgc_mpi.problems import LeastSquares
     from pgc_mpi.schemes import make_scheme
+    from pgc_mpi.wire import wire_format
 
-    class Link:  # the transport is not used by the constructor beyond its layout's dtype
-        class grad_layout:  # noqa: N801
-            dtype = np.dtype(np.float64)
+    class Link:  # the transport is not used by the constructor beyond its run's dtype
+        wire = wire_format(None, np.float64)
 
     problem = LeastSquares(4, samples=40, dim=5)
     w = np.zeros(5)
