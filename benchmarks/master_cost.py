@@ -42,7 +42,8 @@ WARMUP = 3  # steps left out of the medians: the first models reach workers stil
 def mpi_run(args: argparse.Namespace, n: int, dim: int, out: Path) -> tuple[list[dict], float]:
     """(step records, seconds from launch to the first step record) of one pgc-train run with n workers."""
     cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n + 1), sys.executable, "-m", "pgc_mpi", "train",
-           "--problem", "quadratic", "--dim", str(dim), "--scheme", args.scheme, "-s", str(args.s),
+           "--problem", "quadratic", "--dim", str(dim), "--samples", str(samples_for(args, n)), "--scheme", args.scheme,
+           "-s", str(args.s),
            "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--steps", str(args.steps),
            "--eval-every", str(args.steps), "--delay", args.delay, "--compute-time", str(args.compute_time),
            "--seed", str(args.seed), "--dtype", "float32", "--overwrite", "--out", str(out)]
@@ -58,6 +59,11 @@ def mpi_run(args: argparse.Namespace, n: int, dim: int, out: Path) -> tuple[list
     return steps, start
 
 
+def samples_for(args: argparse.Namespace, n: int) -> int:
+    """Training samples of the quadratic problem: --samples, or one minibatch per worker if that is more."""
+    return max(args.samples, args.batch_size * n)
+
+
 def worker_memory(out: Path) -> float:
     """The median worker's resident MiB once its problem was built (config.json's provenance.ranks)."""
     ranks = json.loads((out / "config.json").read_text())["provenance"]["ranks"]
@@ -67,7 +73,8 @@ def worker_memory(out: Path) -> float:
 def sim_times(args: argparse.Namespace, n: int, dim: int, master_cost: Path | None = None) -> tuple[float, float]:
     """The simulator's median step time and master time for the same settings (its master takes
     no time unless given a cost model)."""
-    problem = PROBLEMS["quadratic"](n, dim=dim, batch_size=args.batch_size, seed=args.seed)
+    problem = PROBLEMS["quadratic"](n, samples=samples_for(args, n), dim=dim, batch_size=args.batch_size,
+                                    seed=args.seed)
     cfg = SimConfig(scheme=args.scheme, workers=n, stragglers=args.s, steps=args.steps, lr=args.lr, delay=args.delay,
                     seed=args.seed, compute_time=args.compute_time, eval_every=args.steps,
                     master_cost=None if master_cost is None else str(master_cost))
@@ -104,7 +111,7 @@ def report_fit(args: argparse.Namespace, rows: list[dict], measured_ms: list[tup
           "| simulated step ms, with the cost model |")
     print("|---|---|---|---|---|---|---|")
     cases = [(r["workers"], r["numbers"], ms) for r, ms in zip(rows, measured_ms)]
-    cases += [(n, dim, None) for dim in args.dims for n in args.extrapolate]
+    cases += [(n, dim, None) for dim in args.extrapolate_dims for n in args.extrapolate]
     for n, dim, ms in cases:
         master, step = ("–", "–") if ms is None else (f"{ms[0]:.1f}", f"{ms[1]:.0f}")
         costly = sim_times(args, n, dim, args.fit)
@@ -120,6 +127,7 @@ def main() -> None:
     p.add_argument("-s", type=int, default=1)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--samples", type=int, default=1200, help="the quadratic problem's samples (pgc-train's default)")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--delay", default="exp:0.1")
     p.add_argument("--compute-time", type=float, default=0.5)
@@ -131,6 +139,9 @@ def main() -> None:
     p.add_argument("--reuse", action="store_true", help="use the runs already in --out instead of running them")
     p.add_argument("--extrapolate", type=int, nargs="*", default=[],
                    help="with --fit: also simulate these numbers of workers (no MPI run), free and with the model")
+    p.add_argument("--extrapolate-dims", type=int, nargs="+", default=[100_000],
+                   help="model sizes of --extrapolate (the simulator holds every worker's gradients: 1,000 "
+                        "workers at d = 1M would need about 8 GB per model version)")
     args = p.parse_args()
     parts = " | ".join(f"{part} ms" for part in MASTER_PARTS)
     print(f"{args.scheme}, s={args.s}, --compute-time {args.compute_time}, --delay {args.delay}, float32; "

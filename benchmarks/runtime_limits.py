@@ -11,6 +11,9 @@ For each model size d (float32) it measures, in the same job:
     w, send it to N workers, receive N gradients, decode (pgc-cr: sum and scale), optimizer step,
     using pgc-mpi's own MasterTransport/WorkerTransport and FlatOptimizer;
   * decode throughput (summing N messages into g) against a NumPy copy of the same bytes.
+With --wire-dtypes float32 bfloat16 float16 the master's step is also measured with gradient
+messages in each wire format (pgc-train --wire-dtype): the workers' messages shrink, the master
+widens each one as it adds it in.
 The communication efficiency is (2N one-way ping-pong times) / (per-step time minus decode and
 update): the bytes a step moves at raw point-to-point speed, over what the runtime took.
 """
@@ -28,6 +31,7 @@ from pgc_mpi import shm
 from pgc_mpi.message import Layout, gradient_header
 from pgc_mpi.optim import FlatOptimizer
 from pgc_mpi.transport import MasterTransport, WorkerTransport, duplicate_world
+from pgc_mpi.wire import WIRE_DTYPES, wire_format
 
 
 def polite_barrier(comm: MPI.Comm) -> None:
@@ -56,19 +60,21 @@ def pingpong(comm: MPI.Comm, d: int, reps: int) -> float:
     return float(np.median(times)) if times else 0.0
 
 
-def master_steps(comm: MPI.Comm, d: int, steps: int, poll: float) -> dict[str, float]:
-    """Per-step cost of the real master loop with instantly answering workers."""
+def master_steps(comm: MPI.Comm, d: int, steps: int, poll: float, wire_dtype: str = "float32") -> dict[str, float]:
+    """Per-step cost of the real master loop with instantly answering workers (float32 model,
+    gradient messages in `wire_dtype`)."""
     n = comm.size - 1
-    layout = Layout(gradient_header(1), d, np.float32)
+    wire = wire_format(wire_dtype, np.float32)
+    layout = Layout(gradient_header(1), d, wire.storage)
     if comm.rank > 0:
-        link = WorkerTransport(comm, layout, poll_interval=poll)
-        link.payload[:] = 1.0
+        link = WorkerTransport(comm, layout, poll_interval=poll, wire=wire)
+        wire.encode(np.ones(d, dtype=np.float32), link.payload)
         while (step := link.next_model()) is not None:
             link.header["step"] = step
             link.send()
         link.confirm_stop()
         return {}
-    link = MasterTransport(comm, n, layout, poll_interval=poll)
+    link = MasterTransport(comm, n, layout, poll_interval=poll, wire=wire)
     w = np.zeros(d, dtype=np.float32)
     opt = FlatOptimizer(w, "sgd", 0.01)
     for i in range(n):
@@ -85,7 +91,7 @@ def master_steps(comm: MPI.Comm, d: int, steps: int, poll: float) -> dict[str, f
         while got < n:
             for i in link.poll(time.monotonic() + 10):
                 mark = time.perf_counter()
-                g += link.payloads[i]  # streaming decode, as the master does for pgc-cr
+                g += link.wire.decode(link.payloads[i])  # streaming decode, as the master does for pgc-cr
                 dec += time.perf_counter() - mark
                 link.post(i)
                 got += 1
@@ -123,14 +129,22 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--poll-interval", type=float, default=0.0005, help="seconds (pgc-train's --poll-interval)")
+    p.add_argument("--wire-dtypes", nargs="+", default=["float32"], choices=WIRE_DTYPES,
+                   help="also time the master's step with gradient messages in these formats (pgc-train --wire-dtype)")
     args = p.parse_args()
     comm = duplicate_world()
     shm.unlink_own_segments()  # the job is up: a killed run leaves no MPICH segment behind (pgc_mpi.shm)
     n = comm.size - 1
-    rows = []
+    rows, wire_rows = [], []
     for d in args.sizes:
         one_way = pingpong(comm, d, args.reps)
         cost = master_steps(comm, d, args.steps, args.poll_interval)
+        for wire in args.wire_dtypes:
+            narrow = master_steps(comm, d, args.steps, args.poll_interval, wire)
+            if comm.rank == 0:
+                itemsize = wire_format(wire, "float32").storage.itemsize
+                wire_rows.append({"d": d, "wire": wire, "MB_per_message": d * itemsize / 1e6,
+                                  "step_ms": narrow["step"] * 1e3, "decode_update_ms": narrow["decode_update"] * 1e3})
         if comm.rank == 0:
             comm_time = cost["step"] - cost["decode_update"]
             row = {"d": d, "workers": n, "MB_per_message": d * 4 / 1e6, "pingpong_one_way_ms": one_way * 1e3,
@@ -147,7 +161,15 @@ def main() -> None:
             print(f"| {r['d']:,} | {r['workers']} | {r['MB_per_message']:.1f} | {r['pingpong_one_way_ms']:.2f} | "
                   f"{r['raw_GBps']:.2f} | {r['step_ms']:.2f} | {r['decode_update_ms']:.2f} | "
                   f"{r['comm_efficiency']:.2f} | {r['copy_GBps']:.2f} | {r['decode_GBps']:.2f} |")
-        print(json.dumps(rows))
+        if len(args.wire_dtypes) > 1:
+            first = args.wire_dtypes[0]
+            print(f"\n| d | wire | MB/msg | master step (ms) | decode+update (ms) | step / {first} step |")
+            print("|---|---|---|---|---|---|")
+            base = {r["d"]: r["step_ms"] for r in wire_rows if r["wire"] == args.wire_dtypes[0]}
+            for r in wire_rows:
+                print(f"| {r['d']:,} | {r['wire']} | {r['MB_per_message']:.1f} | {r['step_ms']:.2f} | "
+                      f"{r['decode_update_ms']:.2f} | {r['step_ms'] / base[r['d']]:.2f} |")
+        print(json.dumps(rows + wire_rows))
 
 
 if __name__ == "__main__":

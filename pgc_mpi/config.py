@@ -29,6 +29,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .choices import BUILTIN_DATASETS, DEADLINE_POLICIES, DTYPE_NAMES, MODELS, OPTIMIZERS, PEER_SCHEMES
+from .devices import DEVICE_CHOICES
 from .errors import ConfigError
 from .faults import KINDS as FAULT_KINDS
 from .faults import parse_faults
@@ -247,6 +248,9 @@ class TrainConfig(CoreConfig):
     log_interval: float = 10.0
     log_level: str = "info"
     log_dir: str | None = None
+    device: str = "cpu"
+    master_device: str = "cpu"
+    share_gpus: bool = False
 
     def __post_init__(self) -> None:
         """Fill the defaults of the kind of problem chosen (see the class docstring)."""
@@ -295,6 +299,7 @@ class TrainConfig(CoreConfig):
             _positive("compute-time", self.compute_time)
         _positive("log-interval", self.log_interval)
         _choice("log-level", self.log_level, LOG_LEVELS)
+        self._check_devices()
         if self.resume in ("latest", "auto") and self.out is None and not slurm_run_name():
             raise ConfigError(f"--resume {self.resume} needs --out DIR (the run directory whose checkpoints to use)")
         if self.resume is not None and self.overwrite:
@@ -303,6 +308,19 @@ class TrainConfig(CoreConfig):
         parse_faults(self.fault, workers)
         if self.scheme in PEER_SCHEMES:
             self._check_peer_options()
+
+    def _check_devices(self) -> None:
+        """--device and --master-device: known choices, and a GPU only where there is torch to use it."""
+        _choice("device", self.device, DEVICE_CHOICES)
+        _choice("master-device", self.master_device, DEVICE_CHOICES)
+        gpu = [f"--{name.replace('_', '-')} {getattr(self, name)}" for name in ("device", "master_device")
+               if getattr(self, name) != "cpu"]
+        if gpu and self.synthetic:
+            raise ConfigError(f"{' and '.join(gpu)}: --problem {self.problem} is computed with NumPy on the CPU; "
+                              f"GPUs serve torch models (--model, --dataset)")
+        if gpu and self.scheme in PEER_SCHEMES:
+            raise ConfigError(f"{' and '.join(gpu)}: --scheme {self.scheme} trains on the CPU (torch.distributed's "
+                              f"gloo backend) in this version; use a parameter-server scheme on GPUs")
 
     def scheme_names(self) -> tuple[str, ...]:
         """The simulated schemes and the peer baselines (PEER_SCHEMES), which only pgc-train runs."""
@@ -492,6 +510,12 @@ _HELP = {
     "record_params": "also write params.npy with the parameters after every step (small models only)",
     "compute_time": "emulate a cluster's compute: every partition gradient takes at least this many seconds (the "
                     "real gradient is computed and the rest slept), so ranks sharing cores behave like nodes",
+    "device": "where the workers compute their gradients: cpu, cuda (a GPU per worker, chosen by its rank on its "
+              "node: see the README) or auto (cuda where a GPU is visible)",
+    "master_device": "where the master evaluates the model: cpu, cuda or auto (decoding and the optimizer step "
+                     "stay on the CPU in this version)",
+    "share_gpus": "let several ranks of a node use the same GPU when there are more ranks that want one than GPUs "
+                  "(otherwise an error)",
     "verify_data": "check the data file's sha256 checksum when opening it (--no-verify-data skips it; labels "
                    "and values are always checked; no effect with --problem)",
 }

@@ -2,7 +2,9 @@
 
 FlatParams rebinds every parameter of an nn.Module (and its .grad) to views of one contiguous
 buffer, so the parameters a worker receives over MPI and the gradient it sends are plain NumPy
-views: no per-step flattening. Any nn.Module works (pass it instead of a model name).
+views: no per-step flattening. Any nn.Module works (pass it instead of a model name). On a GPU
+(`device`) the flat buffers live on the device and the NumPy views are of page-locked host
+mirrors: one copy in (the parameters) and one copy out (the gradient) per computation.
 
 Batch-norm and other buffers: only parameters travel. Workers run in training mode, so batch
 norm normalizes with each minibatch's own statistics and the running statistics a worker
@@ -88,12 +90,20 @@ def build_model(name: str, sample_shape: tuple[int, ...], outputs: int) -> nn.Mo
 class FlatParams:
     """A module's parameters and gradients as views into one contiguous buffer each."""
 
-    def __init__(self, module: nn.Module, dtype: torch.dtype):
+    def __init__(self, module: nn.Module, dtype: torch.dtype, device: torch.device | None = None,
+                 staged: bool | None = None):
+        """`staged`: NumPy views of host mirrors instead of the buffers themselves (None: on a GPU
+        only; True on a CPU runs the GPU's code path, for tests)."""
+        device = torch.device("cpu") if device is None else device
+        staged = device.type != "cpu" if staged is None else staged
+        pinned = device.type == "cuda"  # page-locked memory needs a CUDA device
         module.to(dtype)
+        for buffer in module.buffers():  # batch-norm statistics go with the parameters (not travelling)
+            buffer.data = buffer.data.to(device)
         params = list(module.parameters())
         self.dim = sum(p.numel() for p in params)
-        self.flat = torch.empty(self.dim, dtype=dtype)
-        self.flat_grad = torch.zeros(self.dim, dtype=dtype)
+        self.flat = torch.empty(self.dim, dtype=dtype, device=device)
+        self.flat_grad = torch.zeros(self.dim, dtype=dtype, device=device)
         offset = 0
         for p in params:
             size = p.numel()
@@ -102,8 +112,23 @@ class FlatParams:
             p.grad = self.flat_grad[offset:offset + size].view_as(p)
             offset += size
         self._params = params
-        self.values: np.ndarray = self.flat.numpy()
-        self.grads: np.ndarray = self.flat_grad.numpy()
+        # on a GPU: host mirrors, page-locked so that the copies to and from the device are direct
+        self._host = torch.empty(self.dim, dtype=dtype, pin_memory=pinned) if staged else None
+        self._host_grad = torch.zeros(self.dim, dtype=dtype, pin_memory=pinned) if staged else None
+        if self._host is not None:
+            self._host.copy_(self.flat)
+        self.values: np.ndarray = (self.flat if self._host is None else self._host).numpy()
+        self.grads: np.ndarray = (self.flat_grad if self._host_grad is None else self._host_grad).numpy()
+
+    def push(self) -> None:
+        """Make the module's parameters `values` (on a GPU: copy the host mirror to the device)."""
+        if self._host is not None:
+            self.flat.copy_(self._host)
+
+    def pull_grads(self) -> None:
+        """Make `grads` the module's gradient (on a GPU: copy it to the host mirror, synchronously)."""
+        if self._host_grad is not None:
+            self._host_grad.copy_(self.flat_grad)
 
     def check_views(self) -> None:
         """Fail loudly if autograd replaced a .grad instead of accumulating into our buffer."""
@@ -124,16 +149,17 @@ class TorchProblem:
 
     def __init__(self, model: str | nn.Module, source: ArraySource | H5Source, n: int, batch_size: int | None,
                  seed: int = 0, dtype: str = "float32", partitions: Iterable[int] | None = None,
-                 eval_train: bool = True):
+                 eval_train: bool = True, device: torch.device | None = None, staged: bool | None = None):
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         info = source.info
         self.info, self.source, self.dtype = info, source, DTYPES[dtype]
+        self.device = torch.device("cpu") if device is None else device
         self.regression = info.task == "regression"
         torch.manual_seed(seed)
         outputs = 1 if self.regression else info.num_classes
         self.module = build_model(model, info.sample_shape, outputs) if isinstance(model, str) else model
-        self.flat = FlatParams(self.module, self.dtype)
+        self.flat = FlatParams(self.module, self.dtype, self.device, staged)
         self.has_buffers = any(True for _ in self.module.buffers())
         self.dim = self.flat.dim
         self.batch_size, self.seed, self.eval_train = batch_size, seed, eval_train
@@ -145,12 +171,12 @@ class TorchProblem:
         self._check_fit()
 
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.from_numpy(np.asarray(x)).to(self.dtype), torch.from_numpy(np.asarray(y)).to(
-            self.dtype if self.regression else torch.int64)
+        return (torch.from_numpy(np.asarray(x)).to(self.device, self.dtype),
+                torch.from_numpy(np.asarray(y)).to(self.device, self.dtype if self.regression else torch.int64))
 
     def _check_fit(self) -> None:
         """One forward pass on a sample: a model that does not fit the data fails here, clearly."""
-        x = torch.zeros((2, *self.info.sample_shape), dtype=self.dtype)
+        x = torch.zeros((2, *self.info.sample_shape), dtype=self.dtype, device=self.device)
         try:
             with torch.no_grad():
                 self.module.eval()
@@ -178,6 +204,7 @@ class TorchProblem:
         loss = self.minibatch_loss(partition, draw)
         loss.backward()
         self.flat.check_views()
+        self.flat.pull_grads()
         return float(loss.detach()), self.flat.grads.copy()
 
     def minibatch_loss(self, partition: int, draw: int, module: nn.Module | None = None) -> torch.Tensor:
@@ -187,7 +214,7 @@ class TorchProblem:
         if partition not in self._local:
             raise KeyError(f"partition {partition} is not stored here (stored: {sorted(self._local)})")
         x, y = self._local[partition]
-        pos = torch.from_numpy(minibatch_positions(len(y), self.batch_size, draw, self.seed, partition))
+        pos = torch.from_numpy(minibatch_positions(len(y), self.batch_size, draw, self.seed, partition)).to(y.device)
         return self._loss((self.module if module is None else module)(x[pos]), y[pos])
 
     def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
@@ -203,6 +230,7 @@ class TorchProblem:
         self.module.train()
         self.flat.flat_grad.zero_()
         self._loss(self.module(x[rows]), y[rows]).backward()
+        self.flat.pull_grads()
         return self.flat.grads.copy()
 
     def _split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -267,17 +295,19 @@ class TorchProblem:
     def _load(self, w: np.ndarray) -> None:
         if w is not self.flat.values:
             np.copyto(self.flat.values, w, casting="same_kind")
+        self.flat.push()
 
 
 def load_problem(dataset: str, model: str | nn.Module, n: int, batch_size: int | None, *, seed: int = 0,
                  dtype: str = "float32", partitions: Iterable[int] | None = None, eval_train: bool = True,
-                 verify: bool = True) -> TorchProblem:
+                 verify: bool = True, device: torch.device | None = None) -> TorchProblem:
     """The problem pgc-train's ranks and pgc-sim build from --dataset, --model, --batch-size, --dtype and
     --seed: `dataset` (a built-in name or an HDF5 file, its checksum checked with `verify`) cut into n
-    partitions, of which `partitions` (None: all) are read, and the seeded `model`."""
+    partitions, of which `partitions` (None: all) are read, and the seeded `model`, computed on
+    `device` (None: the CPU)."""
     source = open_dataset(dataset, seed, verify_checksum=verify)
     if source.info.num_train < n:
         raise ConfigError(f"data set {source.info.name!r} has {source.info.num_train} training samples, fewer than "
                           f"the {n} partitions (one per worker): use fewer workers or a larger data set")
     return TorchProblem(model, source, n, batch_size, seed=seed, dtype=dtype, partitions=partitions,
-                        eval_train=eval_train)
+                        eval_train=eval_train, device=device)

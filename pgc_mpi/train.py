@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -25,6 +26,7 @@ import numpy as np
 from . import provenance, run_folder, shm, signals
 from .choices import PEER_SCHEMES
 from .config import TrainConfig, config_from_args
+from .devices import DevicePlan, cuda_aware_mpi, select_device
 from .errors import ConfigError, PgcError
 from .faults import parse_faults
 from .message import Layout, buffers_per_message, gradient_header
@@ -38,10 +40,11 @@ from .worker import WorkerSettings, run_worker
 EXIT_DIVERGED = 4
 
 
-def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = False):
+def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = False, plan: DevicePlan | None = None):
     """The model and data of this rank: a worker's stored partitions, or none for the master.
     `verify`: check the data file's checksum (rank 0 does, once; every rank checks the content).
-    A synthetic --problem is built whole on every rank, without torch."""
+    `plan`: the device to compute on (None: the CPU). A synthetic --problem is built whole on every
+    rank, without torch."""
     from .problems import PROBLEMS, with_sampling
 
     if cfg.synthetic:
@@ -52,9 +55,17 @@ def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = Fal
     from .models import load_problem
 
     torch.set_num_threads(cfg.threads)
-    return with_sampling(load_problem(cfg.dataset, cfg.model, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype,
-                                      partitions=partitions, eval_train=cfg.eval_train, verify=verify),
-                         cfg.fixed_minibatch)
+    on_gpu = plan is not None and plan.kind != "cpu"
+    try:
+        problem = load_problem(cfg.dataset, cfg.model, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype,
+                               partitions=partitions, eval_train=cfg.eval_train, verify=verify,
+                               device=plan.torch_device() if on_gpu else None)
+    except torch.cuda.OutOfMemoryError as exc:
+        flag = "--master-device" if plan.role == "master" else "--device"
+        raise ConfigError(f"the {cfg.model} model and its data do not fit on {plan.name} "
+                          f"({_one_line(exc)}): use a smaller model or --batch-size, fewer ranks per GPU, or "
+                          f"{flag} cpu") from None
+    return with_sampling(problem, cfg.fixed_minibatch)
 
 
 def _configure(argv: list[str], workers: int) -> TrainConfig:
@@ -66,9 +77,10 @@ def _configure(argv: list[str], workers: int) -> TrainConfig:
     return run_folder.plan(cfg, workers)
 
 
-def _prepare(cfg: TrainConfig, workers: int) -> tuple:
-    """On rank 0: the master's problem (its data file checked) and the checkpoint to resume from."""
-    problem = _problem(cfg, workers, partitions=[], verify=cfg.verify_data)
+def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan) -> tuple:
+    """On rank 0: the master's problem (its data file checked, on its device) and the checkpoint to
+    resume from."""
+    problem = _problem(cfg, workers, partitions=[], verify=cfg.verify_data, plan=plan)
     resume = None
     if cfg.resume:
         from . import checkpoint
@@ -93,15 +105,22 @@ def _outcome(action) -> tuple[int | None, object]:
     except SystemExit as exc:  # --help, or a flag argparse rejected (it printed the message)
         return exc.code if isinstance(exc.code, int) else 2, None
     except PgcError as exc:
-        print(f"pgc-train: error: {exc}", file=sys.stderr, flush=True)
+        _say(f"pgc-train: error: {exc}")
         return 2, None
     except Exception as exc:  # noqa: BLE001 - any exception: see the docstring
-        print(f"pgc-train: error: {_one_line(exc)} while setting up the run", file=sys.stderr, flush=True)
+        _say(f"pgc-train: error: {_one_line(exc)} while setting up the run")
         if os.environ.get("PGC_DEBUG"):
             traceback.print_exc()
         else:
-            print("pgc-train: (set PGC_DEBUG=1 for the traceback)", file=sys.stderr, flush=True)
+            _say("pgc-train: (set PGC_DEBUG=1 for the traceback)")
         return 1, None
+
+
+def _say(line: str) -> None:
+    """One line on standard error in a single write: mpiexec interleaves the ranks' output write by
+    write, and a message whose newline came in a second write ran into another rank's line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -140,15 +159,21 @@ def main(argv: list[str] | None = None) -> int:
     if rank > 0 and not cfg.synthetic:
         import torch  # noqa: F401 - see above
     log = configure_logging(rank, cfg.log_level, cfg.log_dir)
-    status, state = _outcome(lambda: _prepare(cfg, size - 1)) if rank == 0 else (None, None)
+    # every rank picks its device (a collective: the node's ranks count the GPUs out among them);
+    # a rank that cannot have the one asked for says why, and every rank then stops
+    status, plan = _outcome(lambda: _select_device(cfg, comm, log))
+    failed = [s for s in comm.allgather(status) if s is not None]
+    if failed:
+        return int(failed[0])
+    status, state = _outcome(lambda: _prepare(cfg, size - 1, plan)) if rank == 0 else (None, None)
     wait_for_all(comm)
     status = comm.bcast(status, root=0)
     if status is not None:
         return int(status)
     hosts = comm.gather(socket.gethostname(), root=0)
     try:
-        start = provenance.start_record(argv, hosts) if rank == 0 else {}
-        return _train(cfg, state, comm, log, start)
+        start = {**provenance.start_record(argv, hosts), "mpi_cuda_aware": cuda_aware_mpi()} if rank == 0 else {}
+        return _train(cfg, state, comm, log, start, plan)
     except (PgcError, OSError) as exc:  # e.g. a full disk: one line naming the path is the message
         log.error("%s", exc)
         _record_failure(cfg, rank, str(exc))
@@ -158,6 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         _record_failure(cfg, rank, _one_line(exc))
         abort(1)
     return 1
+
+
+def _select_device(cfg: TrainConfig, comm, log) -> DevicePlan:
+    """This rank's device (--master-device on rank 0, --device on the workers), logged."""
+    master = comm.Get_rank() == 0
+    plan = select_device(cfg.master_device if master else cfg.device, "master" if master else "worker", comm=comm,
+                         share=cfg.share_gpus)
+    log.log(logging.INFO if plan.kind != "cpu" else logging.DEBUG, "%s", plan.describe())
+    return plan
 
 
 def _record_failure(cfg: TrainConfig, rank: int, reason: str) -> None:
@@ -175,18 +209,18 @@ def _record_failure(cfg: TrainConfig, rank: int, reason: str) -> None:
         pass
 
 
-def _train(cfg: TrainConfig, state, comm, log, start: dict) -> int:
+def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan) -> int:
     wait_for_all(comm)  # rank 0 has been writing its start record (it imports torch and h5py)
     if cfg.scheme in PEER_SCHEMES:
-        return _train_peers(cfg, state, comm, log, start)
+        return _train_peers(cfg, state, comm, log, start, plan)
     rank, n = comm.Get_rank(), comm.Get_size() - 1
     scheme = cfg.make_scheme(n)
     if scheme.kind == "coded":  # every rank must hold the same encoding matrix
         digest = hashlib.sha256(scheme.encoding_matrix().tobytes()).hexdigest()
         if len(set(comm.allgather(digest))) != 1:
             raise PgcError("ranks built different encoding matrices (different numpy versions?)")
-    problem, resume = state if rank == 0 else (_problem(cfg, n, partitions=scheme.placement[rank - 1]), None)
-    start = _gather_ranks(comm, log, start)
+    problem, resume = state if rank == 0 else (_problem(cfg, n, scheme.placement[rank - 1], plan=plan), None)
+    start = _gather_ranks(comm, log, start, plan)
     wire = wire_format(cfg.wire_dtype, cfg.dtype)
     layout = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, wire.storage)
     delays = DelayModel(cfg.delay, n, seed=cfg.seed)
@@ -199,11 +233,11 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict) -> int:
     return _run_master(cfg, comm, log, scheme, problem, layout, wire, resume, start)
 
 
-def _gather_ranks(comm, log, start: dict) -> dict:
-    """Every rank's provenance.rank_record, once its problem is built (a collective): into rank 0's
-    start record (config.json's provenance "ranks", by rank), and each rank's own in its log at
-    debug level. Returns the start record."""
-    record = provenance.rank_record()
+def _gather_ranks(comm, log, start: dict, plan: DevicePlan) -> dict:
+    """Every rank's provenance.rank_record and device, once its problem is built (a collective):
+    into rank 0's start record (config.json's provenance "ranks", by rank), and each rank's own in
+    its log at debug level. Returns the start record."""
+    record = {**provenance.rank_record(), "device": plan.to_json()}
     log.debug("problem built; %s", provenance.describe_rank(record))
     ranks = comm.gather(record, root=0)
     return {**start, "ranks": ranks} if comm.Get_rank() == 0 else start
@@ -260,7 +294,7 @@ def _stop_job(log, signal_name: str) -> NoReturn:
     abort(signals.EXIT_STOPPED)
 
 
-def _train_peers(cfg: TrainConfig, state, comm, log, start: dict) -> int:
+def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan) -> int:
     """--scheme ddp (pgc_mpi.ddp): the workers train as a torch.distributed group; rank 0, outside
     it, evaluates and writes the same outputs as the master does."""
     from . import ddp
@@ -268,7 +302,7 @@ def _train_peers(cfg: TrainConfig, state, comm, log, start: dict) -> int:
     rank, n = comm.Get_rank(), comm.Get_size() - 1
     scheme = ddp.booking_scheme(n, cfg.seed)
     problem = state[0] if rank == 0 else _problem(cfg, n, partitions=scheme.placement[rank - 1])
-    start = _gather_ranks(comm, log, start)
+    start = _gather_ranks(comm, log, start, plan)
     peers = ddp.connect(comm, problem)
     if rank > 0:
         ddp.run_worker(cfg, peers, scheme, problem, DelayModel(cfg.delay, n, seed=cfg.seed))

@@ -97,7 +97,7 @@ def test_an_unexpected_set_up_error_is_one_line_for_every_rank(monkeypatch, caps
 
     monkeypatch.setattr(train, "_problem", broken)
     cfg = train._configure(["--steps", "3"], workers=4)
-    assert train._outcome(lambda: train._prepare(cfg, 4)) == (1, None)
+    assert train._outcome(lambda: train._prepare(cfg, 4, None)) == (1, None)
     err = capsys.readouterr().err
     assert "pgc-train: error: RuntimeError: disk on fire while setting up the run" in err
     assert "Traceback" not in err and "second line" not in err
