@@ -91,12 +91,14 @@ class FlatParams:
     """A module's parameters and gradients as views into one contiguous buffer each."""
 
     def __init__(self, module: nn.Module, dtype: torch.dtype, device: torch.device | None = None,
-                 staged: bool | None = None):
+                 staged: bool | None = None, pinned: bool | None = None):
         """`staged`: NumPy views of host mirrors instead of the buffers themselves (None: on a GPU
-        only; True on a CPU runs the GPU's code path, for tests)."""
+        only; True on a CPU runs the GPU's code path, for tests). `pinned`: the mirrors page-locked
+        (None: on a CUDA device, which page-locked memory needs; False there only to measure what
+        pinning saves, benchmarks/gpu_check.py)."""
         device = torch.device("cpu") if device is None else device
         staged = device.type != "cpu" if staged is None else staged
-        pinned = device.type == "cuda"  # page-locked memory needs a CUDA device
+        pinned = device.type == "cuda" if pinned is None else pinned
         module.to(dtype)
         for buffer in module.buffers():  # batch-norm statistics go with the parameters (not travelling)
             buffer.data = buffer.data.to(device)
@@ -149,7 +151,8 @@ class TorchProblem:
 
     def __init__(self, model: str | nn.Module, source: ArraySource | H5Source, n: int, batch_size: int | None,
                  seed: int = 0, dtype: str = "float32", partitions: Iterable[int] | None = None,
-                 eval_train: bool = True, device: torch.device | None = None, staged: bool | None = None):
+                 eval_train: bool = True, device: torch.device | None = None, staged: bool | None = None,
+                 pinned: bool | None = None):
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         info = source.info
@@ -159,7 +162,7 @@ class TorchProblem:
         torch.manual_seed(seed)
         outputs = 1 if self.regression else info.num_classes
         self.module = build_model(model, info.sample_shape, outputs) if isinstance(model, str) else model
-        self.flat = FlatParams(self.module, self.dtype, self.device, staged)
+        self.flat = FlatParams(self.module, self.dtype, self.device, staged, pinned)
         self.has_buffers = any(True for _ in self.module.buffers())
         self.dim = self.flat.dim
         self.batch_size, self.seed, self.eval_train = batch_size, seed, eval_train

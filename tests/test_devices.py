@@ -503,3 +503,26 @@ def test_environment_is_not_touched():
     before = dict(os.environ)
     select_device("cpu", "worker")
     assert dict(os.environ) == before
+
+
+# ---- the staged path of a torch model (what a GPU runs), on the CPU ------------------------------
+
+
+@pytest.mark.parametrize("model", ["logreg", "cnn"])
+def test_the_staged_path_computes_what_the_direct_one_does(model):
+    import numpy as np
+
+    from pgc_mpi.datasets import load_digits
+    from pgc_mpi.models import TorchProblem
+
+    direct = TorchProblem(model, load_digits(3), 4, 16, seed=3, dtype="float64")
+    staged = TorchProblem(model, load_digits(3), 4, 16, seed=3, dtype="float64", staged=True)
+    assert not np.shares_memory(staged.flat.values, staged.flat.flat.numpy())  # it goes through the mirrors
+    w = direct.initial_params() + 0.01
+    assert np.array_equal(staged.initial_params(), direct.initial_params())
+    for partition, draw in ((0, 0), (3, 5)):
+        loss_d, grad_d = direct.loss_and_grad(w, partition, draw)
+        loss_s, grad_s = staged.loss_and_grad(w, partition, draw)
+        assert loss_s == loss_d and np.array_equal(grad_s, grad_d)
+    assert staged.evaluate(w) == direct.evaluate(w)
+    assert np.array_equal(staged.probe_grad(w), direct.probe_grad(w))
