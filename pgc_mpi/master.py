@@ -29,6 +29,7 @@ from .optim import FlatOptimizer
 from .problems import Problem
 from .schemes import CodedScheme, PbsScheme
 from .transport import MasterTransport
+from .wire import DECODE_ERROR_WARNING
 
 log = logging.getLogger("pgc_mpi")
 
@@ -283,11 +284,22 @@ class Master:
             raise Diverged(f"training diverged at step {t}: every worker's gradient or loss is NaN or Inf "
                            f"(lower --lr, or check the data and the checkpoint for NaN/Inf)")
 
+    def _wire_error(self, t: int, dec: Decoded) -> float:
+        """The decoded gradient's estimated rounding error from a narrow --wire-dtype, said when large."""
+        wire = self.link.wire
+        error = wire.decode_error(dec.weights)
+        if error > DECODE_ERROR_WARNING:
+            largest = float(np.abs(dec.weights).max()) if dec.weights is not None else 1 / self.n
+            self._warnings.warn(("wire",), f"step {t}: {self.scheme.name}'s decode weights (largest |a_i| = "
+                                           f"{largest:.3g}) amplify {wire.name}'s rounding to about {error:.2g} of "
+                                           f"the gradient's size: use --wire-dtype float32 with this scheme")
+        return error
+
     def _finish_step(self, t: int, began: float, dec: Decoded, missed: bool, extra: dict) -> bool:
         """Release held buffers, log the step, checkpoint when due; returns True to stop."""
         for i in self.collector.held:
             self.link.post(i)
-        record = {**self.collector.record(dec, missed), **extra}
+        record = {**self.collector.record(dec, missed), **extra, "wire_error": self._wire_error(t, dec)}
         step_time = time.monotonic() - began
         totals = self.totals
         totals.steps = t + 1

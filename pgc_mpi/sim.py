@@ -259,7 +259,8 @@ def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
         # the record before the old models go: its loss is that of the used messages' minibatches
         record = {"step": t, "wall_time": now, "step_time": now - began,
                   **master_times({"receive": arrived * per_message, **step_parts}),
-                  "bytes_received": received * nbytes, **collector.record(dec, missed), **extra}
+                  "bytes_received": received * nbytes, **collector.record(dec, missed), **extra,
+                  "wire_error": workers.wire.decode_error(dec.weights)}
         result.records.append(record)
         opt.step()
         builder.add_model(t + 1, w)

@@ -18,6 +18,10 @@ import numpy as np
 
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 FLOAT16_MAX = float(np.finfo(np.float16).max)
+# Unit roundoff of each format rounded to nearest: half the gap between 1 and the next number.
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+# A step whose estimated rounding error (decode_error) is above this is worth a warning.
+DECODE_ERROR_WARNING = 0.05
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,18 @@ class WireFormat:
         if self.name == "bfloat16":
             return (stored.astype(np.uint32) << 16).view(np.float32).astype(self.compute, copy=False)
         return stored.astype(self.compute)
+
+    def decode_error(self, weights: np.ndarray | None) -> float:
+        """The rounding error of a decoded gradient relative to its size, estimated from the decode
+        weights a_i over the n workers: unit roundoff x n x max |a_i| (each message carries its own
+        rounding, and the decode scales it by a_i; the mean-gradient weights 1/n give the format's
+        own precision). 0 when nothing is rounded; pbs (weights None) averages its table, 1/n each.
+        Measured against the true error in docs/BENCHMARKS.md section 14: within a few times."""
+        if not self.narrowed:
+            return 0.0
+        if weights is None:
+            return UNIT_ROUNDOFF[self.name]
+        return UNIT_ROUNDOFF[self.name] * len(weights) * float(np.abs(weights).max())
 
     def round_trip(self, values: np.ndarray) -> np.ndarray:
         """`values` as the master receives them: rounded to the wire format and widened back."""

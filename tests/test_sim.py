@@ -200,7 +200,8 @@ def test_simulator_and_master_share_the_step_record_layout(lsq12):
     table = simulate(SimConfig(scheme="pbs", workers=12, stragglers=1, steps=3, delay="exp:1.0"), lsq12)
     shared = {"step", "wall_time", "step_time", *(f"{part}_time" for part in MASTER_PARTS), "bytes_received",
               "arrivals", "used", "late",
-              "rejected", "deadline_missed", "partial", "residual", "max_staleness", "messages", "train_loss"}
+              "rejected", "deadline_missed", "partial", "residual", "max_staleness", "messages", "train_loss",
+              "wire_error"}
     assert shared <= set(coded.records[0]) and shared <= set(table.records[0])
     assert "versions" in coded.records[0] and "ages" in table.records[0]
     assert {"stale_rejected"} <= set(coded.records[0]) & set(table.records[0])

@@ -287,8 +287,23 @@ def test_narrow_wire_messages_are_rounded_by_workers_and_widened_by_the_master(t
     header = 8 * (8 + (1 if scheme == "pbs" else 2))  # 8 named fields, then one version per buffer
     assert records[-1]["bytes_received"] == messages * (header + 2 * problem.dim)
     assert all(m[5] != "rejected" for r in records for m in r["messages"])
+    assert all(0 < r["wire_error"] < 0.05 for r in records)  # estimated, from the decode weights
     got = np.load(out / "params.npy")
     assert got.dtype == np.float64 and np.abs(got[-1] - got[0]).max() > 1e-3  # the master's dtype; it trained
     if scheme != "pbs":  # pbs has no replay: its table rule depends on arrival times as well
         expected = np.stack(replay(make_scheme(scheme, n, 1, seed=3), problem, records, lr=0.5, wire_dtype=wire))
         assert np.abs(got - expected).max() < 1e-10
+
+
+def test_a_narrow_wire_that_gc_cr_amplifies_is_said_in_the_log_and_the_records(tmp_path):
+    """gc-cr with n = 4, s = 2, seed 0 decodes workers 0 and 2 with a weight of 36/n: each of their
+    messages' rounding enters the gradient 36 times over. Workers 1 and 3 are held back so that
+    every step decodes from that pair."""
+    out = tmp_path / "run"
+    proc = run_train(5, ["--scheme", "gc-cr", "-s", "2", "--seed", "0", "--steps", "3", "--wire-dtype", "bfloat16",
+                         "--delay", "fixed:1,3:0.3", "--eval-every", "100", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = steps_of(out)
+    assert all(sorted(r["used"]) == [0, 2] for r in records)
+    assert all(r["wire_error"] == pytest.approx(2.0**-8 * 36.11, rel=1e-3) for r in records)
+    assert "gc-cr's decode weights" in proc.stderr and "amplify bfloat16's rounding" in proc.stderr

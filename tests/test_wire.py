@@ -97,3 +97,23 @@ def test_replay_rounds_as_the_simulator_does():
     res = simulate(cfg, problem, record_params=True)
     again = replay(cfg.make_scheme(6), problem, res.records, lr=0.2, wire_dtype="bfloat16")
     np.testing.assert_array_equal(np.stack(again), np.stack(res.trajectory))
+
+
+def test_the_decode_error_estimate_follows_the_decode_weights():
+    bf16, none = wire_format("bfloat16", np.float64), wire_format(None, np.float64)
+    mean = np.full(12, 1 / 12)
+    assert bf16.decode_error(mean) == pytest.approx(2.0**-8) and none.decode_error(mean) == 0
+    assert bf16.decode_error(None) == pytest.approx(2.0**-8)  # pbs: the table's mean
+    large = np.zeros(12)
+    large[3] = 70.0  # gc-cr's weights for an unlucky arrival set at s = 2 (docs/BENCHMARKS.md section 14)
+    assert bf16.decode_error(large) == pytest.approx(2.0**-8 * 12 * 70)
+    assert bf16.decode_error(large) > 1
+    assert wire_format("float32", np.float64).decode_error(large) < 1e-4
+
+
+def test_simulated_steps_record_the_estimate():
+    problem = LeastSquares(6, samples=120, dim=50, seed=3)
+    cfg = SimConfig(scheme="gc-cr", workers=6, stragglers=2, steps=10, lr=0.1, delay="exp:0.5", seed=4)
+    assert all(r["wire_error"] == 0 for r in simulate(cfg, problem).records)
+    narrow = simulate(SimConfig(**{**cfg.__dict__, "wire_dtype": "float16"}), problem).records
+    assert all(r["wire_error"] >= 2.0**-11 for r in narrow)
