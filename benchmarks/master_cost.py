@@ -47,6 +47,8 @@ def mpi_run(args: argparse.Namespace, n: int, dim: int, out: Path) -> tuple[list
            "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--steps", str(args.steps),
            "--eval-every", str(args.steps), "--delay", args.delay, "--compute-time", str(args.compute_time),
            "--seed", str(args.seed), "--dtype", "float32", "--overwrite", "--out", str(out)]
+    if args.wire_dtype is not None:
+        cmd += ["--wire-dtype", args.wire_dtype]
     env = {**os.environ, "MPIEXEC_TIMEOUT": str(args.timeout), "OMP_NUM_THREADS": "1"}
     if not (args.reuse and (out / "config.json").exists()):
         (out / "launched").parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +78,7 @@ def sim_times(args: argparse.Namespace, n: int, dim: int, master_cost: Path | No
     problem = PROBLEMS["quadratic"](n, samples=samples_for(args, n), dim=dim, batch_size=args.batch_size,
                                     seed=args.seed)
     cfg = SimConfig(scheme=args.scheme, workers=n, stragglers=args.s, steps=args.steps, lr=args.lr, delay=args.delay,
-                    seed=args.seed, compute_time=args.compute_time, eval_every=args.steps,
+                    seed=args.seed, compute_time=args.compute_time, eval_every=args.steps, wire_dtype=args.wire_dtype,
                     master_cost=None if master_cost is None else str(master_cost))
     used = simulate(cfg, problem).records[WARMUP:]
     return (float(np.median([r["step_time"] for r in used])),
@@ -128,6 +130,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--samples", type=int, default=1200, help="the quadratic problem's samples (pgc-train's default)")
+    p.add_argument("--wire-dtype", default=None, help="pgc-train --wire-dtype of the runs (default: float32, the runs' "
+                                                      "--dtype)")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--delay", default="exp:0.1")
     p.add_argument("--compute-time", type=float, default=0.5)
@@ -144,7 +148,8 @@ def main() -> None:
                         "workers at d = 1M would need about 8 GB per model version)")
     args = p.parse_args()
     parts = " | ".join(f"{part} ms" for part in MASTER_PARTS)
-    print(f"{args.scheme}, s={args.s}, --compute-time {args.compute_time}, --delay {args.delay}, float32; "
+    print(f"{args.scheme}, s={args.s}, --compute-time {args.compute_time}, --delay {args.delay}, float32, "
+          f"messages {args.wire_dtype or 'float32'}; "
           f"medians over steps {WARMUP}..{args.steps - 1}\n")
     print(f"| N | d | {parts} | master ms | step ms | simulated step ms | MB in per step | start s | worker MiB |")
     print("|" + "---|" * (len(MASTER_PARTS) + 8))

@@ -91,7 +91,7 @@ def master_steps(comm: MPI.Comm, d: int, steps: int, poll: float, wire_dtype: st
         while got < n:
             for i in link.poll(time.monotonic() + 10):
                 mark = time.perf_counter()
-                g += link.wire.decode(link.payloads[i])  # streaming decode, as the master does for pgc-cr
+                g += link.gradient(i)  # streaming decode, as the master does for pgc-cr
                 dec += time.perf_counter() - mark
                 link.post(i)
                 got += 1

@@ -228,7 +228,7 @@ class Master:
         """Judge one arrived message, offer it to the collector, and free its buffer unless held."""
         self.busy[worker] = False
         msg = Message.read(self.link.headers[worker])
-        values = self.link.wire.decode(self.link.payloads[worker])  # widened to the run's dtype
+        values = self.link.gradient(worker)  # widened to the run's dtype
         kind, why = self._fault(worker, msg, values)
         if kind is None:
             verdict = self.collector.offer(msg, values)

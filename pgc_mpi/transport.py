@@ -115,6 +115,7 @@ class MasterTransport:
         views = [grad_layout.split(row) for row in self.recv]
         self.headers = [h for h, _ in views]
         self.payloads = [p for _, p in views]
+        self._widened: list[np.ndarray | None] = [None] * n  # each worker's payload in the run's dtype
         self._reqs: list[MPI.Request] = [MPI.REQUEST_NULL] * n
         self._statuses = [MPI.Status() for _ in range(n)]
         self.malformed: list[tuple[int, str]] = []  # (worker, reason), for the master to count and log
@@ -125,6 +126,16 @@ class MasterTransport:
         # when each worker's last message arrived, and when the master last polled: shutdown's test of life
         self._heard = [time.monotonic()] * n
         self._last_poll = time.monotonic()
+
+    def gradient(self, worker: int) -> np.ndarray:
+        """The payload of `worker`'s message in the run's dtype: the receive buffer itself, or, with a
+        narrower wire format, the buffer widened into one of that worker's own (valid until its next
+        message is widened: a held payload is released before the worker's next receive is posted)."""
+        if not self.wire.narrowed:
+            return self.payloads[worker]
+        if self._widened[worker] is None:
+            self._widened[worker] = np.empty(self.grad_layout.dim, dtype=self.wire.compute)
+        return self.wire.decode(self.payloads[worker], out=self._widened[worker])
 
     def post(self, worker: int) -> None:
         """(Re)post the receive of `worker`'s next gradient into its buffer."""
