@@ -8,9 +8,9 @@ float32, bfloat16, float16 messages; float64 model and master), with the same de
 and minibatches, so the runs of one seed differ only in the rounding. Printed per scheme and wire
 format: steps to the target loss under the evaluated-loss rule, the final test accuracy and
 training loss, means with 95% confidence intervals over the seeds, and the steps paired seed by
-seed against float32's. The bytes a step moves scale with the format's size (2 bytes instead of
-4); what that saves in the master's time is measured by benchmarks/runtime_limits.py
---wire-dtypes (docs/BENCHMARKS.md).
+seed against float32's, and the steps' estimated rounding error (`wire_error`). The bytes a
+step moves scale with the format's size (2 bytes instead of 4); what that saves in the master's
+time is measured by benchmarks/runtime_limits.py --wire-dtypes (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import statistics
 
 from pgc_mpi.config import SimConfig
 from pgc_mpi.models import load_problem
@@ -46,8 +47,8 @@ def main() -> None:
           f"batch {args.batch_size}, {args.steps} steps, seeds {args.seeds}; simulated, float64 master; target "
           f"training loss {args.target_loss} (evaluated every {args.eval_every} steps); 95% CIs over seeds\n")
     print("| scheme | wire | steps to target | steps / float32's (paired) | final test accuracy | final training loss "
-          "| runs reaching the target |")
-    print("|---|---|---|---|---|---|---|")
+          "| runs reaching the target | wire_error median / max |")
+    print("|---|---|---|---|---|---|---|---|")
     for scheme in args.schemes:
         runs: dict[str, list] = {wire: [] for wire in args.wire}
         for seed in args.seeds:
@@ -58,15 +59,16 @@ def main() -> None:
                 res = simulate(dataclasses.replace(base, wire_dtype=wire), problem)
                 hit = res.first_below(res.loss_key, args.target_loss)
                 runs[wire].append((hit["step"] + 1 if hit else math.nan, res.final("test_accuracy"),
-                                   res.final(res.loss_key)))
+                                   res.final(res.loss_key), [r["wire_error"] for r in res.records]))
         reference = [r[0] for r in runs[args.wire[0]]]
         for wire in args.wire:
             steps = [r[0] for r in runs[wire]]
             ratio = [a / b for a, b in zip(steps, reference) if math.isfinite(a) and math.isfinite(b)]
             reached = sum(math.isfinite(v) for v in steps)
+            errors = [e for r in runs[wire] for e in r[3]]  # every step's estimate (pgc_mpi.wire.decode_error)
             print(f"| {scheme} | {wire} | {interval(steps)} | {interval(ratio)} | "
                   f"{interval([r[1] for r in runs[wire]])} | {interval([r[2] for r in runs[wire]])} "
-                  f"| {reached}/{len(steps)} |", flush=True)
+                  f"| {reached}/{len(steps)} | {statistics.median(errors):.2g} / {max(errors):.2g} |", flush=True)
 
 
 if __name__ == "__main__":
