@@ -318,7 +318,8 @@ class Monitor:
         self.totals.steps = t + 1
         self.metrics.write({"step": t, "wall_time": float(lead["wall_time"]), "step_time": float(lead["step_time"]),
                             **master_times(), "bytes_received": (t + 1) * self.grad_bytes,
-                            "allreduce_time": float(self.reports["allreduce_time"].min()), **record})
+                            "allreduce_time": float(self.reports["allreduce_time"].min()), **record,
+                            "wire_error": 0.0})  # no --wire-dtype: the all-reduce runs in --dtype
         if self.cfg.record_params:
             self.trajectory.append(self.params.copy())
         self.progress.update(t, record["train_loss"], float(lead["step_time"]), 0)
