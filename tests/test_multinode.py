@@ -53,10 +53,8 @@ def cluster(tmp_path_factory):
 
 def _wait_for_mpi_across_nodes(env: dict, folder: Path, attempts: int = 3) -> None:
     """Start one MPI job across the three nodes (MPI_Init and a barrier) before the tests, as a
-    cluster's health check would, retried a few times: twice in CI the first cross-node job after
-    the cluster came up failed inside MPI_Init (UCX's address exchange unpacked an address with
-    bandwidth 0 and gave up), never a later one, and never in 20 fresh clusters (40 jobs) here. The
-    tests' own jobs then run on a cluster known to start MPI; a cluster that never does fails."""
+    cluster's health check would, retried a few times (see UCX_INIT_FAILURE): the tests' own jobs
+    then run on a cluster known to start MPI; a cluster that never does fails."""
     hello = f"{shlex.quote(sys.executable)} -c 'from mpi4py import MPI; MPI.COMM_WORLD.Barrier()'"
     failures = []
     for attempt in range(attempts):
@@ -71,8 +69,26 @@ def _wait_for_mpi_across_nodes(env: dict, folder: Path, attempts: int = 3) -> No
     pytest.fail("MPI never started across the emulated nodes:\n" + "\n".join(failures))
 
 
+# What MPICH prints when MPI_Init fails in UCX's exchange of addresses between the ranks: nothing
+# of the job has run yet. Seen in CI in 3 of 4 runs, in one cross-node job of the suite each time
+# (UCX unpacked a peer's address with "invalid bandwidth 0.00"; the same error is known upstream
+# as intermittent, pmodels/mpich issue 7417), and in none of about 45 jobs started the same way
+# here. A job that fails so is submitted once more, and the failure is printed.
+UCX_INIT_FAILURE = "MPIDI_UCX_comm_addr_exchange"
+
+
 def _sbatch(env: dict, cwd: Path, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
-    """sbatch --wait, bounded here and by the job's own --time; a job still there is cancelled."""
+    """sbatch --wait, bounded here and by the job's own --time; a job still there is cancelled. A
+    job that failed inside MPI_Init (UCX_INIT_FAILURE in its -o file) is submitted again, once."""
+    proc = _sbatch_once(env, cwd, args, timeout)
+    log = Path(args[args.index("-o") + 1]) if "-o" in args else None
+    if proc.returncode != 0 and log is not None and log.exists() and UCX_INIT_FAILURE in log.read_text():
+        print(f"MPI_Init failed in UCX's address exchange; submitting the job again. Its log:\n{log.read_text()}")
+        proc = _sbatch_once(env, cwd, args, timeout)
+    return proc
+
+
+def _sbatch_once(env: dict, cwd: Path, args: list[str], timeout: int) -> subprocess.CompletedProcess:
     proc = subprocess.run(["sbatch", "--wait", "--parsable", "--time=4", *args], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
     job = proc.stdout.strip().split(";")[0]
