@@ -24,7 +24,7 @@ from .metrics import MetricsWriter, write_json
 
 # pgc-train options a simulated run honours besides the shared ones (CORE_FIELDS)
 PROBLEM_OPTIONS = ("dataset", "model", "batch_size", "dtype", "eval_train")
-SIM_OPTIONS = ("compute_time", "eval_every", "master_cost")
+SIM_OPTIONS = ("compute_time", "eval_every")
 
 
 def sim_config(options: dict[str, Any], workers: int) -> SimConfig:
