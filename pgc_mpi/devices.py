@@ -235,8 +235,9 @@ def plan_device(requested: str, role: str, local: LocalRank, gpu_count: int, vis
     - Sharing (shares_gpu: more ranks on the node than GPUs they see, or several ranks that all
       see the same single GPU) is a ConfigError unless `share`.
 
-    The master counts as one of its node's ranks, whether or not it uses a GPU itself, and the rule
-    is the same for both roles: the role only names the flag in messages.
+    `local` counts the node's ranks that want a GPU (local_rank_from_comm), so a CPU master takes
+    no device from the workers; from the launchers' variables (no communicator) it counts every
+    rank of the node. The rule is the same for both roles: the role only names the flag in messages.
     """
     _check_request(requested, role)
     flag = _flag(role)
