@@ -51,7 +51,7 @@ def mpi_run(args: argparse.Namespace, n: int, dim: int, out: Path) -> tuple[list
         cmd += ["--wire-dtype", args.wire_dtype]
     env = {**os.environ, "MPIEXEC_TIMEOUT": str(args.timeout), "OMP_NUM_THREADS": "1"}
     if not (args.reuse and (out / "config.json").exists()):
-        (out / "launched").parent.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
         launched = time.time()
         subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=args.timeout + 60)
         (out / "launched").write_text(f"{launched}\n")

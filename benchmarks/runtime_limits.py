@@ -129,8 +129,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--poll-interval", type=float, default=0.0005, help="seconds (pgc-train's --poll-interval)")
-    p.add_argument("--wire-dtypes", nargs="+", default=["float32"], choices=WIRE_DTYPES,
-                   help="also time the master's step with gradient messages in these formats (pgc-train --wire-dtype)")
+    p.add_argument("--wire-dtypes", nargs="+", default=[], choices=WIRE_DTYPES,
+                   help="also time the master's step with gradient messages in these formats, the first the "
+                        "reference of the ratios (pgc-train --wire-dtype; default: none)")
     args = p.parse_args()
     comm = duplicate_world()
     shm.unlink_own_segments()  # the job is up: a killed run leaves no MPICH segment behind (pgc_mpi.shm)
@@ -161,7 +162,7 @@ def main() -> None:
             print(f"| {r['d']:,} | {r['workers']} | {r['MB_per_message']:.1f} | {r['pingpong_one_way_ms']:.2f} | "
                   f"{r['raw_GBps']:.2f} | {r['step_ms']:.2f} | {r['decode_update_ms']:.2f} | "
                   f"{r['comm_efficiency']:.2f} | {r['copy_GBps']:.2f} | {r['decode_GBps']:.2f} |")
-        if len(args.wire_dtypes) > 1:
+        if wire_rows:
             first = args.wire_dtypes[0]
             print(f"\n| d | wire | MB/msg | master step (ms) | decode+update (ms) | step / {first} step |")
             print("|---|---|---|---|---|---|")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,6 @@ import numpy as np
 from .errors import ConfigError
 from .metrics import MASTER_PARTS
 
-TERMS = ("fixed", "per_worker", "per_mnum")
 # The terms `fit` estimates for each part. Taking in a message, decoding and the optimizer's step
 # touch the model's numbers once each and do not depend on how many workers there are; sending
 # the new model posts one send per worker. (On one shared machine the measured times also grow
@@ -49,6 +48,9 @@ class PartCost:
 
     def seconds(self, workers: int, numbers: int) -> float:
         return self.fixed + self.per_worker * workers + self.per_mnum * numbers / 1e6
+
+
+TERMS = tuple(f.name for f in fields(PartCost))  # fixed, per_worker, per_mnum
 
 
 @dataclass(frozen=True)

@@ -55,11 +55,10 @@ def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = Fal
     from .models import load_problem
 
     torch.set_num_threads(cfg.threads)
-    on_gpu = plan is not None and plan.kind != "cpu"
     try:
         problem = load_problem(cfg.dataset, cfg.model, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype,
                                partitions=partitions, eval_train=cfg.eval_train, verify=verify,
-                               device=plan.torch_device() if on_gpu else None)
+                               device=None if plan is None else plan.torch_device())
     except torch.cuda.OutOfMemoryError as exc:
         flag = "--master-device" if plan.role == "master" else "--device"
         raise ConfigError(f"the {cfg.model} model and its data do not fit on {plan.name} "

@@ -18,6 +18,7 @@ from .problems import Problem
 from .schemes import CodedScheme, PbsScheme
 from .stragglers import DelayModel
 from .transport import WorkerTransport
+from .wire import FLOAT16_MAX
 
 log = logging.getLogger("pgc_mpi")
 
@@ -88,7 +89,7 @@ def _put_on_wire(link: WorkerTransport, values: np.ndarray) -> None:
 @functools.cache
 def _tell_float16_overflow() -> None:
     log.warning("a coded gradient exceeds float16's range (+-%g): the master rejects such messages as non-finite; "
-                "use --wire-dtype bfloat16 (float32's range) or float32", np.finfo(np.float16).max)
+                "use --wire-dtype bfloat16 (float32's range) or float32", FLOAT16_MAX)
 
 
 def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, link: WorkerTransport,
