@@ -74,20 +74,21 @@ class Checkpointer:
     config: dict[str, Any]
     keep: int = 3
 
-    def save(self, step: int, params: np.ndarray, optimizer: torch.optim.Optimizer,
+    def save(self, step: int, params: np.ndarray, optimizer: dict[str, Any],
              encoding: np.ndarray | None = None, table=None) -> Path:
         """Write the checkpoint of the state before `step` (see `save`)."""
         return save(self.directory, step, params, optimizer, self.identity, self.config, encoding=encoding,
                     table=table, keep=self.keep)
 
 
-def save(directory: Path, step: int, params: np.ndarray, optimizer: torch.optim.Optimizer, identity: dict[str, Any],
+def save(directory: Path, step: int, params: np.ndarray, optimizer: dict[str, Any], identity: dict[str, Any],
          config: dict[str, Any], encoding: np.ndarray | None = None, table=None, keep: int = 3) -> Path:
-    """Write the checkpoint of the state before `step` and drop all but the newest `keep`."""
+    """Write the checkpoint of the state before `step` and drop all but the newest `keep`; `optimizer`
+    is the torch optimizer's state_dict (of the whole vector)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / checkpoint_name(step)
-    state = optimizer.state_dict()
+    state = optimizer
     with atomic_h5(path) as f:
         f.create_dataset("params", data=params)
         group = f.create_group("optimizer")

@@ -251,6 +251,7 @@ class TrainConfig(CoreConfig):
     device: str = "cpu"
     master_device: str = "cpu"
     share_gpus: bool = False
+    servers: int = 1
 
     def __post_init__(self) -> None:
         """Fill the defaults of the kind of problem chosen (see the class docstring)."""
@@ -274,7 +275,8 @@ class TrainConfig(CoreConfig):
         return f"{self.dataset}/{self.model}"
 
     def validate(self, workers: int) -> None:
-        """Check every field and the fit of the scheme to `workers` (world size - 1)."""
+        """Check every field and the fit of the scheme to `workers` (world size - --servers)."""
+        self._check_servers()
         self.validate_core(workers)
         self._check_problem()
         _positive_int("eval-every", self.eval_every)
@@ -308,6 +310,22 @@ class TrainConfig(CoreConfig):
         parse_faults(self.fault, workers)
         if self.scheme in PEER_SCHEMES:
             self._check_peer_options()
+
+    def _check_servers(self) -> None:
+        """--servers K: a parameter-server scheme whose servers step on whole steps (not pbs, not ddp)."""
+        _positive_int("servers", self.servers)
+        if self.servers > 1 and self.scheme in PEER_SCHEMES:
+            raise ConfigError(f"--servers {self.servers}: --scheme {self.scheme} has no parameter server (its workers "
+                              f"all-reduce); use --servers 1")
+        if self.servers > 1 and self.scheme == "pbs":
+            raise ConfigError(f"--servers {self.servers}: pbs steps its table on every arrival and probes the whole "
+                              f"model for its diagnostics, which one server holding a shard cannot; use --servers 1 "
+                              f"with pbs")
+
+    def workers_of(self, ranks: int) -> int:
+        """The workers of an MPI world of `ranks` ranks: all but the --servers (a --servers that is no
+        count is validate()'s to refuse: here it counts as one)."""
+        return ranks - (self.servers if _is_int(self.servers) else 1)
 
     def _check_devices(self) -> None:
         """--device and --master-device: known choices, and a GPU only where there is torch to use it."""
@@ -359,11 +377,15 @@ class TrainConfig(CoreConfig):
                 raise ConfigError(f"--{name.replace('_', '-')} is not supported with --scheme {self.scheme}")
 
     def _too_few_workers(self, workers: object) -> str:
+        if self.servers > 1:
+            return (f"pgc-train --servers {self.servers} needs at least {self.servers + 1} MPI ranks (ranks 0.."
+                    f"{self.servers - 1} are the servers, the rest are workers): run it under mpiexec -n "
+                    f"N+{self.servers} with N >= 1 workers, or use fewer --servers")
         return ("pgc-train needs at least 2 MPI ranks (rank 0 is the master, the rest are workers): run it under "
                 "mpiexec -n N+1 with N >= 1 workers")
 
     def _describe_workers(self, workers: int) -> str:
-        return f"{workers} workers = MPI world size {workers + 1} - 1"
+        return f"{workers} workers = MPI world size {workers + self.servers} - {self.servers}"
 
 
 @dataclass(frozen=True)
@@ -514,6 +536,8 @@ _HELP = {
               "node: see the README) or auto (cuda where a GPU is visible)",
     "master_device": "where the master evaluates the model: cpu, cuda or auto (decoding and the optimizer step "
                      "stay on the CPU in this version)",
+    "servers": "parameter servers K: ranks 0..K-1 each hold, decode and update one contiguous shard of the "
+               "parameters (rank 0 also evaluates, logs and checkpoints); the workers are ranks K and up",
     "share_gpus": "let several ranks of a node use the same GPU when there are more ranks that want one than GPUs "
                   "(otherwise an error)",
     "verify_data": "check the data file's sha256 checksum when opening it (--no-verify-data skips it; labels "

@@ -14,8 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import signals
+
+if TYPE_CHECKING:
+    from .servers import Leader
 
 log = logging.getLogger("pgc_mpi")
 
@@ -60,6 +64,13 @@ class RunControl:
     _recent_losses: list[float] = field(default_factory=list)
     _eval_losses: list[float] = field(default_factory=list)  # the full training loss of each evaluation
     warned_lr: bool = False  # the learning-rate warning was given (it is given once)
+    servers: Leader | None = None  # --servers K: the other servers, told each step rank 0 has done
+
+    def may_update(self, step: int) -> bool:
+        """Step `step` is decoded here and will be applied: the other servers may apply it too."""
+        if self.servers is not None:
+            self.servers.commit(step)
+        return True
 
     def stop_signal(self, step: int) -> bool:
         """Whether a stop signal arrived (logged once); the step in progress is then abandoned."""

@@ -1,6 +1,7 @@
 """Fault injection for testing a run's defences: workers that send garbage or die.
 
-Specs (join several with '+'); W is a worker id (rank - 1), STEP the first step it applies to:
+Specs (join several with '+'); W is a worker id (rank - 1; rank - K with --servers K), STEP the
+first step it applies to:
   nan:W@STEP       the worker's messages carry NaN from that step on
   inf:W@STEP       ... carry +Inf
   badsize:W@STEP   its messages have the wrong size (half the bytes)
@@ -34,7 +35,8 @@ def parse_faults(spec: str | None, n: int) -> list[Fault]:
         if kind not in KINDS or not worker.isdigit() or not step.isdigit():
             raise ConfigError(f"--fault {spec!r}: use {'|'.join(KINDS)}:W@STEP, joined with '+'")
         if int(worker) >= n:
-            raise ConfigError(f"--fault {spec!r}: worker id {worker} is outside 0..{n - 1} (worker id = rank - 1)")
+            raise ConfigError(f"--fault {spec!r}: worker id {worker} is outside 0..{n - 1} "
+                             f"(worker id = rank - 1, or rank - K with --servers K)")
         faults.append(Fault(kind, int(worker), int(step)))
     return faults
 

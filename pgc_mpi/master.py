@@ -28,6 +28,7 @@ from .metrics import MASTER_PARTS, MetricsWriter, Progress, RepeatedWarnings, ma
 from .optim import FlatOptimizer
 from .problems import Problem
 from .schemes import CodedScheme, PbsScheme
+from .servers import Leader, slice_state
 from .transport import MasterTransport
 from .wire import DECODE_ERROR_WARNING
 
@@ -72,14 +73,20 @@ class RunTotals:
 class Master:
     """The parameter server loop for one run, coded schemes and pbs alike."""
 
-    def __init__(self, settings: MasterSettings, scheme: CodedScheme | PbsScheme, problem: Problem,
-                 link: MasterTransport, metrics: MetricsWriter, progress: Progress, checkpointer: Checkpointer,
-                 resume: Checkpoint | None = None):
+    def __init__(self, settings: MasterSettings, scheme: CodedScheme | PbsScheme, params: np.ndarray,
+                 link: MasterTransport, metrics: MetricsWriter | None = None, progress: Progress | None = None,
+                 checkpointer: Checkpointer | None = None, resume: Checkpoint | None = None,
+                 problem: Problem | None = None, own: slice = slice(None), servers: Leader | None = None):
+        """`params`: the initial parameters, the whole vector on rank 0 and a follower's shard on
+        the other servers (--servers K, pgc_mpi.servers); this server updates `params[own]` and
+        rank 0 gathers the rest from `servers` when it needs the whole vector. A follower writes no
+        metrics, progress or checkpoints (None). `problem` serves pbs's diagnostics only."""
         self.settings, self.scheme, self.problem, self.link = settings, scheme, problem, link
         self.metrics, self.progress, self.checkpointer = metrics, progress, checkpointer
         self.n = scheme.n
-        self.w = problem.initial_params().astype(link.wire.compute)
-        self.opt = FlatOptimizer(self.w, settings.optimizer, settings.lr, momentum=settings.momentum)
+        self.w = params.astype(link.wire.compute)
+        self.own, self.servers = own, servers
+        self.opt = FlatOptimizer(self.w[own], settings.optimizer, settings.lr, momentum=settings.momentum)
         self.collector = make_collector(scheme, self.opt.grad, settings.max_staleness,
                                         first=resume.step if resume is not None else 0)
         self.diagnostics = (TableDiagnostics(problem, settings.probe_every, settings.max_staleness, settings.adapt)
@@ -102,7 +109,7 @@ class Master:
         """Continue from a checkpoint: its state, and this run's flags for the learning rate and
         momentum (a resumed run is often restarted with a new schedule on purpose)."""
         np.copyto(self.w, resume.params)
-        self.opt.opt.load_state_dict(resume.optimizer)
+        self.opt.opt.load_state_dict(slice_state(resume.optimizer, self.own, len(self.w)))
         group = self.opt.opt.param_groups[0]
         before = {key: group[key] for key in ("lr", "momentum") if key in group}
         group["lr"] = self.settings.lr
@@ -129,7 +136,7 @@ class Master:
             began = time.monotonic()
             try:
                 dec, missed = self._collect(t, began)
-                if dec is None:  # a stop signal: the step in progress is abandoned
+                if dec is None or not control.may_update(t):  # a stop: the step in progress is abandoned
                     break
                 extra = self._timed("update", functools.partial(self._diagnose, t))
                 self._timed("update", functools.partial(self._update, t))
@@ -153,16 +160,25 @@ class Master:
     def _update(self, t: int) -> None:
         """The optimizer step; parameters that are no longer finite end the run."""
         self.opt.step()
-        if not np.isfinite(self.w.sum()):
+        if not np.isfinite(self.w[self.own].sum()):
             raise Diverged(f"training diverged at step {t}: the parameters became NaN or Inf after the update "
                            f"(lower --lr, or check the data for NaN/Inf)")
 
     def checkpoint(self) -> None:
-        """Write a checkpoint of the state after the steps done so far."""
+        """Write a checkpoint of the state after the steps done so far (the whole vector's, with --servers)."""
         table = getattr(self.collector, "table", None)
         encoding = self.scheme.encoding_matrix() if table is None else None
-        path = self.checkpointer.save(self.totals.steps, self.w, self.opt.opt, encoding=encoding, table=table)
+        state = self.opt.opt.state_dict()
+        if self.servers is not None:
+            state = self.servers.gather(self.w, self.totals.steps, state)
+        path = self.checkpointer.save(self.totals.steps, self.w, state, encoding=encoding, table=table)
         log.info("checkpoint %s", path)
+
+    def full_params(self) -> np.ndarray:
+        """The whole parameter vector after the steps done so far (the shards gathered, with --servers)."""
+        if self.servers is not None:
+            self.servers.gather(self.w, self.totals.steps)
+        return self.w
 
     def _collect(self, t: int, began: float) -> tuple[Decoded | None, bool]:
         """Receive until the step decodes or the deadline policy ends it: (decoded, deadline missed);
@@ -173,7 +189,7 @@ class Master:
             self.diagnostics.remember(t, self.w)
         self._times = dict.fromkeys(MASTER_PARTS, 0.0)
         self._rejected = {}
-        self._timed("send", lambda: self.link.publish(t, self.w))
+        self._timed("send", lambda: self.link.publish(t, self.w[self.own]))
         deadline_at = began + deadline if deadline is not None else math.inf
         reminder, missed = began + WAIT_REMINDER, False
         while True:
@@ -268,7 +284,7 @@ class Master:
         if worker not in self._rejected:
             self.sent[worker] = -1
         self._warnings.warn((worker, kind), f"step {t}: rejected a message from worker {worker} "
-                                            f"(rank {worker + 1}): {why}")
+                                            f"(rank {worker + self.link.first_worker}): {why}")
         if worker not in self._rejected and len(self._rejected) == self.scheme.s:
             then = ("without --deadline it completes only if their one retry at the current model succeeds"
                     if self.settings.deadline is None else f"unless their retries succeed, --on-deadline "
@@ -309,10 +325,12 @@ class Master:
         totals.deadline_missed += int(missed)
         if self.control.checkpoint_due(t + 1):
             self.checkpoint()
-        self.metrics.write({"step": t, "wall_time": time.monotonic() - self._started - self.control.eval_seconds,
-                            "step_time": step_time, **master_times(self._times),
-                            "bytes_received": self.link.bytes_received, **record})
+        if self.metrics is not None:
+            self.metrics.write({"step": t, "wall_time": time.monotonic() - self._started - self.control.eval_seconds,
+                                "step_time": step_time, **master_times(self._times),
+                                "bytes_received": self.link.bytes_received, **record})
         if self.settings.record_params:
-            self.trajectory.append(self.w.copy())
-        self.progress.update(t, record["train_loss"], step_time, totals.skipped)
+            self.trajectory.append(self.full_params().copy())
+        if self.progress is not None:
+            self.progress.update(t, record["train_loss"], step_time, totals.skipped)
         return self.control.after_step(t, record["train_loss"])

@@ -18,7 +18,7 @@ import numpy as np
 # Fields of a gradient message's header, in wire order; then `versions` (one per buffer combined).
 GRADIENT_FIELDS: tuple[tuple[str, type], ...] = (
     ("step", np.int64),  # the model version the fresh gradient was computed at
-    ("worker", np.int64),  # worker id (MPI rank - 1)
+    ("worker", np.int64),  # worker id (MPI rank - 1; rank - K with --servers K)
     ("partition", np.int64),  # pbs: the partition of the gradient; -1 for coded messages
     ("loss", np.float64),  # mean minibatch loss of the fresh gradient(s)
     ("compute_time", np.float64),  # seconds spent computing gradients for this message (emulated: at least

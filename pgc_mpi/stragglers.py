@@ -142,7 +142,8 @@ def _worker(text: str, n: int, spec: str) -> int:
     except ValueError:
         raise ConfigError(f"--delay {spec!r}: worker id must be an integer, got {text!r}") from None
     if not 0 <= w < n:
-        raise ConfigError(f"--delay {spec!r}: worker id {w} is outside 0..{n - 1} (worker id = rank - 1)")
+        raise ConfigError(f"--delay {spec!r}: worker id {w} is outside 0..{n - 1} "
+                          f"(worker id = rank - 1, or rank - K with --servers K)")
     return w
 
 

@@ -31,6 +31,7 @@ from .errors import ConfigError, PgcError
 from .faults import parse_faults
 from .message import Layout, buffers_per_message, gradient_header
 from .metrics import MetricsWriter, Progress, configure_logging, json_line, make_log_dir, setup_logging, write_json
+from .servers import shard_bounds
 from .stragglers import DelayModel
 from .transport import MasterTransport, WorkerTransport, abort, duplicate_world, wait_for_all
 from .wire import WireFormat, wire_format
@@ -67,10 +68,12 @@ def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = Fal
     return with_sampling(problem, cfg.fixed_minibatch)
 
 
-def _configure(argv: list[str], workers: int) -> TrainConfig:
-    """On rank 0: the configuration from the flags and TOML file, validated, with its output
-    folder settled (run_folder.plan: a folder holding another run is refused; imports no torch)."""
+def _configure(argv: list[str], ranks: int) -> TrainConfig:
+    """On rank 0: the configuration from the flags and TOML file, validated for an MPI world of
+    `ranks` ranks, with its output folder settled (run_folder.plan: a folder holding another run
+    is refused; imports no torch)."""
     cfg = config_from_args(argv)
+    workers = cfg.workers_of(ranks)
     cfg.validate(workers)
     make_log_dir(cfg.log_dir)
     return run_folder.plan(cfg, workers)
@@ -80,6 +83,7 @@ def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan) -> tuple:
     """On rank 0: the master's problem (its data file checked, on its device) and the checkpoint to
     resume from."""
     problem = _problem(cfg, workers, partitions=[], verify=cfg.verify_data, plan=plan)
+    shard_bounds(problem.dim, cfg.servers)  # every server must hold a parameter
     resume = None
     if cfg.resume:
         from . import checkpoint
@@ -149,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     # errors are immediate), then the master's data and checkpoint, while the workers import
     # torch (seconds) in the meantime, unless the problem is synthetic (they never do then).
     # (each wait for rank 0 sleeps, wait_for_all: spinning workers would starve it of shared cores)
-    status, cfg = _outcome(lambda: _configure(argv, size - 1)) if rank == 0 else (None, None)
+    status, cfg = _outcome(lambda: _configure(argv, size)) if rank == 0 else (None, None)
     wait_for_all(comm)
     status, value = comm.bcast((status, cfg.to_dict() if cfg is not None else None), root=0)
     if status is not None:
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [s for s in comm.allgather(status) if s is not None]
     if failed:
         return int(failed[0])
-    status, state = _outcome(lambda: _prepare(cfg, size - 1, plan)) if rank == 0 else (None, None)
+    status, state = _outcome(lambda: _prepare(cfg, cfg.workers_of(size), plan)) if rank == 0 else (None, None)
     wait_for_all(comm)
     status = comm.bcast(status, root=0)
     if status is not None:
@@ -185,10 +189,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _select_device(cfg: TrainConfig, comm, log) -> DevicePlan:
-    """This rank's device (--master-device on rank 0, --device on the workers), logged."""
-    master = comm.Get_rank() == 0
-    plan = select_device(cfg.master_device if master else cfg.device, "master" if master else "worker", comm=comm,
-                         share=cfg.share_gpus)
+    """This rank's device (--master-device on rank 0, --device on the workers, the CPU on the other
+    servers: they decode and update on it), logged."""
+    rank = comm.Get_rank()
+    requested = cfg.master_device if rank == 0 else "cpu" if rank < cfg.servers else cfg.device
+    plan = select_device(requested, "master" if rank < cfg.servers else "worker", comm=comm, share=cfg.share_gpus)
     log.log(logging.INFO if plan.kind != "cpu" else logging.DEBUG, "%s", plan.describe())
     return plan
 
@@ -212,24 +217,30 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan) ->
     wait_for_all(comm)  # rank 0 has been writing its start record (it imports torch and h5py)
     if cfg.scheme in PEER_SCHEMES:
         return _train_peers(cfg, state, comm, log, start, plan)
-    rank, n = comm.Get_rank(), comm.Get_size() - 1
+    rank, servers = comm.Get_rank(), cfg.servers
+    n = cfg.workers_of(comm.Get_size())
     scheme = cfg.make_scheme(n)
     if scheme.kind == "coded":  # every rank must hold the same encoding matrix
         digest = hashlib.sha256(scheme.encoding_matrix().tobytes()).hexdigest()
         if len(set(comm.allgather(digest))) != 1:
             raise PgcError("ranks built different encoding matrices (different numpy versions?)")
-    problem, resume = state if rank == 0 else (_problem(cfg, n, scheme.placement[rank - 1], plan=plan), None)
+    problem, resume = (state if rank == 0 else (None, None) if rank < servers else
+                       (_problem(cfg, n, scheme.placement[rank - servers], plan=plan), None))
     start = _gather_ranks(comm, log, start, plan)
     wire = wire_format(cfg.wire_dtype, cfg.dtype)
-    layout = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, wire.storage)
-    delays = DelayModel(cfg.delay, n, seed=cfg.seed)
-    if rank > 0:
+    header = gradient_header(buffers_per_message(scheme))
+    if rank >= servers:
+        layout = Layout(header, problem.dim, wire.storage)
         settings = WorkerSettings(tuple(parse_faults(cfg.fault, n)), cfg.refresh_over(scheme), cfg.compute_time)
-        computed = run_worker(rank - 1, scheme, problem, WorkerTransport(comm, layout, cfg.poll_interval, wire),
-                              delays, settings)
+        link = WorkerTransport(comm, layout, cfg.poll_interval, wire,
+                               shard_bounds(problem.dim, servers) if servers > 1 else None)
+        computed = run_worker(rank - servers, scheme, problem, link, DelayModel(cfg.delay, n, seed=cfg.seed),
+                              settings)
         _log_rank_end(log, f"{computed} gradients computed")
         return 0
-    return _run_master(cfg, comm, log, scheme, problem, layout, wire, resume, start)
+    if rank > 0:
+        return _run_follower(cfg, comm, log, scheme, header, wire)
+    return _run_master(cfg, comm, log, scheme, problem, header, wire, resume, start)
 
 
 def _gather_ranks(comm, log, start: dict, plan: DevicePlan) -> dict:
@@ -247,24 +258,67 @@ def _log_rank_end(log, what: str) -> None:
     log.debug("stopped: %s; %s", what, provenance.describe_rank(provenance.rank_record()))
 
 
-def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, wire: WireFormat, resume,
+def _master_settings(cfg: TrainConfig, scheme, leads: bool):
+    """The step loop's settings; `leads`: rank 0's (the other servers keep no trajectory)."""
+    from .master import MasterSettings
+
+    return MasterSettings(steps=cfg.steps, optimizer=cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
+                          deadline=cfg.deadline, on_deadline=cfg.on_deadline,
+                          max_staleness=cfg.staleness_bound(scheme), record_params=cfg.record_params and leads,
+                          probe_every=cfg.eval_every, adapt=cfg.adapt)
+
+
+def _run_follower(cfg: TrainConfig, comm, log, scheme, header, wire: WireFormat) -> int:
+    """Ranks 1..K-1 with --servers K: the step loop on this rank's shard, rank 0's orders obeyed
+    (pgc_mpi.servers), then the shutdown of its links to the workers."""
+    from .master import Master
+    from .servers import FollowerControl
+
+    control = FollowerControl(comm, cfg.poll_interval)
+    params, resume = control.receive_start()
+    link = MasterTransport(comm, scheme.n, Layout(header, len(params), wire.storage), cfg.poll_interval, wire,
+                           first_worker=cfg.servers)
+    master = Master(_master_settings(cfg, scheme, leads=False), scheme, params, link, resume=resume)
+    control.attach(master.w, master.opt.opt, master.start)
+    totals = master.run(control)
+    if totals.diverged:
+        raise PgcError(f"server {comm.Get_rank()}: {totals.diverged}")
+    control.wait_for_end()
+    control.report(totals, link.bytes_received, comm.Get_rank())
+    abandoned = link.shutdown(cfg.grace)
+    if abandoned:  # rank 0 has written the run's outputs (it reports its own abandoned workers)
+        abort(EXIT_DIVERGED if totals.diverged else 0)
+    _log_rank_end(log, f"server of parameters {len(params)}, {totals.steps} steps")
+    return 0
+
+
+def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: WireFormat, resume,
                 start: dict) -> int:
     from .checkpoint import Checkpointer
-    from .master import Master, MasterSettings
+    from .master import Master
+    from .servers import Leader, server_report
 
     out, metrics, progress = _open_outputs(cfg, comm, log, scheme, problem, start, resume)
-    link = MasterTransport(comm, scheme.n, layout, cfg.poll_interval, wire)
-    settings = MasterSettings(steps=cfg.steps, optimizer=cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
-                              deadline=cfg.deadline, on_deadline=cfg.on_deadline,
-                              max_staleness=cfg.staleness_bound(scheme), record_params=cfg.record_params,
-                              probe_every=cfg.eval_every, adapt=cfg.adapt)
+    shards = shard_bounds(problem.dim, cfg.servers)
+    leader = Leader(comm, shards, cfg.poll_interval) if cfg.servers > 1 else None
+    params = problem.initial_params()
+    if leader is not None:
+        leader.start(params, resume)
+    own = shards[0]
+    link = MasterTransport(comm, scheme.n, Layout(header, own.stop - own.start, wire.storage), cfg.poll_interval,
+                           wire, first_worker=cfg.servers)
     checkpointer = Checkpointer(out / "checkpoints", _identity(cfg, scheme, problem.dim), cfg.to_dict(),
                                 keep=cfg.keep_checkpoints)
-    master = Master(settings, scheme, problem, link, metrics, progress, checkpointer, resume)
-    control = _control(cfg, out, lambda: problem.evaluate(master.w), metrics)
+    master = Master(_master_settings(cfg, scheme, leads=True), scheme, params, link, metrics, progress, checkpointer,
+                    resume, problem=problem, own=own, servers=leader)
+    control = _control(cfg, out, lambda: problem.evaluate(master.full_params()), metrics, leader)
     began = time.monotonic()
     totals = master.run(control)
-    _close_outputs(cfg, scheme, totals, control, time.monotonic() - began, metrics, progress, master.trajectory)
+    servers = None
+    if leader is not None and not control.stopped_by:
+        servers = [server_report(0, totals, link.bytes_received), *leader.end(totals.steps, cfg.grace)]
+    _close_outputs(cfg, scheme, totals, control, time.monotonic() - began, metrics, progress, master.trajectory,
+                   servers)
     if control.stopped_by:
         # No stop handshake: the abort ends the workers anyway, and a signal often means that
         # part of the job is gone (Slurm cancels a step on a node failure with SIGTERM), where
@@ -277,7 +331,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, layout: Layout, wi
     if abandoned:
         log.warning("workers %s (ranks %s) did not stop within %.0f s and are abandoned (hung, or their node "
                     "is gone); ending the job with MPI_Abort(%d) since the run's outputs are written",
-                    abandoned, [w + 1 for w in abandoned], cfg.grace, code)
+                    abandoned, [w + link.first_worker for w in abandoned], cfg.grace, code)
         metrics.write({"event": "shutdown", "abandoned": abandoned})
         metrics.close()
         abort(code)
@@ -343,19 +397,23 @@ def _open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
     return out, metrics, Progress(cfg.steps, cfg.log_interval, log)
 
 
-def _control(cfg: TrainConfig, out: Path, evaluate, metrics: MetricsWriter):
-    """The run's RunControl: evaluations, the target loss, checkpoints and stop signals."""
+def _control(cfg: TrainConfig, out: Path, evaluate, metrics: MetricsWriter, servers=None):
+    """The run's RunControl: evaluations, the target loss, checkpoints and stop signals (and the
+    other servers' orders, with --servers: pgc_mpi.servers.Leader)."""
     from .control import ControlSettings, RunControl
 
     return RunControl(ControlSettings(cfg.steps, cfg.eval_every, cfg.target_loss, cfg.checkpoint_every, lr=cfg.lr), out,
-                      evaluate=evaluate, write=metrics.write)
+                      evaluate=evaluate, write=metrics.write, servers=servers)
 
 
 def _close_outputs(cfg: TrainConfig, scheme, totals, control, wall: float, metrics: MetricsWriter, progress: Progress,
-                   trajectory: list[np.ndarray]) -> None:
-    """Rank 0's outputs at the end of every run: the summary record, params.npy and the printed report."""
+                   trajectory: list[np.ndarray], servers: list[dict] | None = None) -> None:
+    """Rank 0's outputs at the end of every run: the summary record (with --servers, what each
+    server received), params.npy and the printed report."""
     progress.close()
     summary = _summary(totals, control, wall, metrics.path, scheme.n)
+    if servers is not None:
+        summary["servers"] = servers
     metrics.write(summary)
     if cfg.record_params:
         np.save(Path(cfg.out) / "params.npy", np.stack(trajectory))

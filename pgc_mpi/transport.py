@@ -101,13 +101,16 @@ class _Snapshot:
 
 
 class MasterTransport:
-    """Rank 0's side: model sends to and gradient receives from workers 0..n-1 (ranks 1..n)."""
+    """A server's side: model sends to and gradient receives from workers 0..n-1 (ranks
+    first_worker..first_worker+n-1: 1..n with one server, K.. with --servers K)."""
 
     def __init__(self, comm: MPI.Comm, n: int, grad_layout: Layout, poll_interval: float,
-                 wire: WireFormat | None = None):
-        """`wire`: the gradients' format on the wire (default: grad_layout's dtype, nothing
-        rounded); models go out in its compute dtype."""
+                 wire: WireFormat | None = None, first_worker: int = 1):
+        """`grad_layout`: the messages this server receives (its shard, with --servers); `wire`: the
+        gradients' format on the wire (default: grad_layout's dtype, nothing rounded); models go
+        out in its compute dtype."""
         self.comm, self.n, self.poll_interval = comm, n, poll_interval
+        self.first_worker = first_worker
         self.grad_layout = grad_layout
         self.wire = wire or wire_format(None, grad_layout.dtype)
         self.model_layout = Layout(MODEL_HEADER, grad_layout.dim, self.wire.compute)
@@ -139,7 +142,8 @@ class MasterTransport:
 
     def post(self, worker: int) -> None:
         """(Re)post the receive of `worker`'s next gradient into its buffer."""
-        self._reqs[worker] = self.comm.Irecv([self.recv[worker], MPI.BYTE], source=worker + 1, tag=TAG_GRAD)
+        self._reqs[worker] = self.comm.Irecv([self.recv[worker], MPI.BYTE], source=worker + self.first_worker,
+                                             tag=TAG_GRAD)
 
     def poll(self, until: float) -> list[int]:
         """Workers whose gradient has arrived, waiting at most until time.monotonic() == until."""
@@ -170,12 +174,12 @@ class MasterTransport:
             done = MPI.Request.Testsome(self._reqs, self._statuses) or []
         except MPI.Exception:  # a message in error (truncated): the completed ones are now null
             done = [i for i, r in enumerate(self._reqs) if active[i] and r == MPI.REQUEST_NULL]
-        by_source = {st.Get_source(): st for st in self._statuses if st.Get_source() >= 1}
+        by_source = {st.Get_source(): st for st in self._statuses if st.Get_source() >= self.first_worker}
         good = []
         now = time.monotonic()
         for i in done:
             self._heard[i] = now
-            st = by_source.get(i + 1)
+            st = by_source.get(i + self.first_worker)
             if st is not None and st.Get_error() != MPI.SUCCESS:
                 self.malformed.append((i, "message larger than expected (truncated)"))
                 self.post(i)
@@ -201,7 +205,7 @@ class MasterTransport:
         """Send the published model to `worker` (non-blocking)."""
         snap = self._current
         assert snap is not None, "publish() a model before sending it"
-        req = self.comm.Isend([snap.buf, MPI.BYTE], dest=worker + 1, tag=TAG_MODEL)
+        req = self.comm.Isend([snap.buf, MPI.BYTE], dest=worker + self.first_worker, tag=TAG_MODEL)
         snap.pending.append(req)
         self._model_reqs[worker] = req
 
@@ -230,8 +234,9 @@ class MasterTransport:
             _sleep_until(self.poll_interval, until)
         self._stop_buf = np.zeros(1)
         self._bye_buf = np.zeros((self.n, 1))
-        self._stops = [self.comm.Isend([self._stop_buf, MPI.DOUBLE], dest=w + 1, tag=TAG_STOP) for w in alive]
-        byes = [self.comm.Irecv([self._bye_buf[w], MPI.DOUBLE], source=w + 1, tag=TAG_BYE) for w in alive]
+        first = self.first_worker
+        self._stops = [self.comm.Isend([self._stop_buf, MPI.DOUBLE], dest=w + first, tag=TAG_STOP) for w in alive]
+        byes = [self.comm.Irecv([self._bye_buf[w], MPI.DOUBLE], source=w + first, tag=TAG_BYE) for w in alive]
         confirmed: set[int] = set()
         while len(confirmed) < len(alive) and time.monotonic() < until:
             self._repost_arrived()
@@ -252,64 +257,130 @@ class MasterTransport:
 
 
 class WorkerTransport:
-    """A worker's side: receive the newest model, send coded gradients, notice the stop."""
+    """A worker's side: receive the newest model, send coded gradients, notice the stop.
 
-    def __init__(self, comm: MPI.Comm, grad_layout: Layout, poll_interval: float, wire: WireFormat | None = None):
-        """`wire`: the gradients' format on the wire (default: grad_layout's dtype, nothing
-        rounded); models arrive in its compute dtype."""
+    With --servers K (`shards`: the K slices of the parameter vector, server k at rank k) a model
+    is K shard messages and a gradient message K shard messages with the same header, one per
+    server; with one server both are single messages sent and received in place."""
+
+    def __init__(self, comm: MPI.Comm, grad_layout: Layout, poll_interval: float, wire: WireFormat | None = None,
+                 shards: list[slice] | None = None):
+        """`grad_layout`: the whole message (header and every parameter); `wire`: the gradients'
+        format on the wire (default: grad_layout's dtype, nothing rounded); models arrive in its
+        compute dtype."""
         self.comm, self.poll_interval = comm, poll_interval
         self.wire = wire or wire_format(None, grad_layout.dtype)
-        self.model_layout = Layout(MODEL_HEADER, grad_layout.dim, self.wire.compute)
-        self._model_buf = self.model_layout.allocate()[0]
-        self.model_header, self.model = self.model_layout.split(self._model_buf)
-        self._send_buf = grad_layout.allocate()[0]
-        self.nbytes = grad_layout.nbytes
-        self.header, self.payload = grad_layout.split(self._send_buf)
+        self.shards = shards or [slice(0, grad_layout.dim)]
+        self.servers = range(len(self.shards))
+        sizes = [len(range(grad_layout.dim)[shard]) for shard in self.shards]
+        model_layouts = [Layout(MODEL_HEADER, size, self.wire.compute) for size in sizes]
+        self._model_bufs = [layout.allocate()[0] for layout in model_layouts]
+        self._model_parts = [layout.split(buf) for layout, buf in zip(model_layouts, self._model_bufs, strict=True)]
+        grad_layouts = [Layout(grad_layout.header, size, grad_layout.dtype) for size in sizes]
+        self._send_bufs = [layout.allocate()[0] for layout in grad_layouts]
+        parts = [layout.split(buf) for layout, buf in zip(grad_layouts, self._send_bufs, strict=True)]
+        self.headers = [h for h, _ in parts]
+        self.payloads = [p for _, p in parts]  # each server's part of the message, in the wire format
+        self.nbytes = grad_layouts[0].nbytes
+        self.sharded = len(self.shards) > 1
+        # the model's parameters: server 0's message payload itself, or the shards copied together
+        self.model = np.empty(grad_layout.dim, self.wire.compute) if self.sharded else self._model_parts[0][1]
+        # where the coded gradient is computed: the message payload itself when nothing is rounded or cut
+        in_place = not self.sharded and not self.wire.narrowed
+        self.coded = self.payloads[0] if in_place else np.empty(grad_layout.dim, self.wire.compute)
+        self._fresh: list[int | None] = [None] * len(self.shards)  # each server's newest shard not yet used
+        self._stopping: set[int] = set()  # the servers whose stop has been received
         self._status = MPI.Status()
         self.stopped = False
+
+    def _drain(self, server: int) -> bool:
+        """Receive every model shard `server` has sent (the newest stays); True when its stop is next."""
+        misses = 0
+        while misses < 3:  # a few probes: one progress call may not surface every message
+            if not self.comm.Iprobe(source=server, tag=MPI.ANY_TAG, status=self._status):
+                misses += 1
+                continue
+            if self._status.Get_tag() == TAG_STOP:
+                return True
+            self.comm.Recv([self._model_bufs[server], MPI.BYTE], source=server, tag=TAG_MODEL)
+            self._fresh[server], misses = int(self._model_parts[server][0]["step"]), 0
+        return False
 
     def next_model(self, block: bool = True) -> int | None:
         """Step of the newest model received (older pending ones are drained), or None.
 
-        Returns None when the master asked to stop (then `stopped` is True), or when nothing
-        new arrived and block is False; `self.model` holds the parameters. The master keeps at
-        most one model in flight per worker, so draining is a safety net: MPI only promises
-        that a sent message becomes visible to Iprobe eventually, not at once.
+        Returns None when a server asked to stop (then `stopped` is True), or when nothing new
+        arrived and block is False; `self.model` holds the parameters. With K servers the model
+        is ready once every server has sent a new shard; its step is the oldest of theirs (they
+        agree unless this worker was a straggler: a newer shard is then used early, and the
+        message counts as of the older step everywhere). The servers keep at most one model in
+        flight per worker, so draining is a safety net: MPI only promises that a sent message
+        becomes visible to Iprobe eventually, not at once.
         """
         self.stopped = False
-        got = None
         backoff = Backoff(self.poll_interval)
         while True:
-            misses = 0
-            while misses < 3:  # a few probes: one progress call may not surface every message
-                if not self.comm.Iprobe(source=0, tag=MPI.ANY_TAG, status=self._status):
-                    misses += 1
-                    continue
-                if self._status.Get_tag() == TAG_STOP:
-                    if got is not None:  # messages in order: this model first, the stop at the next call
-                        return got
-                    self.comm.Recv([np.zeros(1), MPI.DOUBLE], source=0, tag=TAG_STOP)
-                    self.stopped = True
-                    return None
-                self.comm.Recv([self._model_buf, MPI.BYTE], source=0, tag=TAG_MODEL)
-                got, misses = int(self.model_header["step"]), 0
-            if got is not None or not block:
-                return got
+            stops = [k for k in self.servers if self._drain(k)]
+            if all(step is not None for step in self._fresh):  # a model before a stop that follows it
+                return self._take_model()
+            if stops:
+                for k in stops:
+                    self._receive_stop(k)
+                self.stopped = True
+                return None
+            if not block:
+                return None
             backoff.sleep()
+
+    def _take_model(self) -> int:
+        step = min(self._fresh)
+        if self.sharded:
+            for shard, (_, payload) in zip(self.shards, self._model_parts, strict=True):
+                self.model[shard] = payload
+        self._fresh = [None] * len(self.shards)
+        return step
+
+    def _receive_stop(self, server: int) -> None:
+        self.comm.Recv([np.zeros(1), MPI.DOUBLE], source=server, tag=TAG_STOP)
+        self._stopping.add(server)
 
     def stop_requested(self) -> bool:
         """Whether a stop message is waiting (used to cut injected delays short)."""
-        return bool(self.comm.Iprobe(source=0, tag=TAG_STOP))
+        return any(self.comm.Iprobe(source=k, tag=TAG_STOP) for k in self.servers)
+
+    def put(self, values: np.ndarray) -> None:
+        """Put the coded gradient `values` into the message payloads, in the wire format (nothing to
+        do when it was computed in place: `values` is `self.coded` with one server and no rounding)."""
+        if values is self.payloads[0]:
+            return
+        for shard, payload in zip(self.shards, self.payloads, strict=True):
+            self.wire.encode(values[shard], payload)
+
+    def write_header(self, message) -> None:
+        """Write the message's header (a pgc_mpi.message.Message) into every server's part."""
+        for header in self.headers:
+            message.write(header)
 
     def send(self, nbytes: int | None = None) -> None:
-        """Send the gradient message in `header`/`payload`, politely waiting for completion.
+        """Send the gradient message to every server, politely waiting for completion.
         (`nbytes` other than the message size is for fault injection only.)"""
-        buf = self._send_buf if nbytes is None else np.zeros(nbytes, dtype=np.uint8)
-        _wait([self.comm.Isend([buf, MPI.BYTE], dest=0, tag=TAG_GRAD)], self.poll_interval)
+        bufs = self._send_bufs if nbytes is None else [np.zeros(nbytes, dtype=np.uint8)] * len(self.shards)
+        _wait([self.comm.Isend([buf, MPI.BYTE], dest=k, tag=TAG_GRAD) for k, buf in zip(self.servers, bufs,
+                                                                                         strict=True)],
+              self.poll_interval)
 
     def confirm_stop(self) -> None:
-        """Tell the master this worker is done and will send nothing more."""
-        self.comm.Send([np.zeros(1), MPI.DOUBLE], dest=0, tag=TAG_BYE)
+        """Tell every server this worker is done and will send nothing more, once every one of them
+        has said stop (model shards sent before a server's stop are received and dropped meanwhile:
+        a server's shutdown waits for them to be delivered)."""
+        backoff = Backoff(self.poll_interval)
+        while len(self._stopping) < len(self.shards):
+            for k in set(self.servers) - self._stopping:
+                if self._drain(k):
+                    self._receive_stop(k)
+            backoff.sleep()
+        for k in self.servers:
+            self.comm.Send([np.zeros(1), MPI.DOUBLE], dest=k, tag=TAG_BYE)
 
 
 def _wait(requests: list[MPI.Request], poll_interval: float, stop=lambda: False) -> bool:

@@ -73,16 +73,18 @@ def _send(link: WorkerTransport, faults: tuple[Fault, ...], worker: int, step: i
     if kind == "die":
         log.warning("injected fault: this worker dies now")
         os._exit(17)
-    if kind in ("nan", "inf"):
-        link.wire.encode(np.array([np.nan if kind == "nan" else np.inf]), link.payload[:1])
+    if kind in ("nan", "inf"):  # in every server's part, as a real NaN gradient would be
+        for payload in link.payloads:
+            link.wire.encode(np.array([np.nan if kind == "nan" else np.inf]), payload[:1])
     link.send(nbytes=link.nbytes // 2 if kind == "badsize" else None)
 
 
 def _put_on_wire(link: WorkerTransport, values: np.ndarray) -> None:
     """Round the message's values into the link's payload in the wire format; say so (once) when
     float16's range is exceeded: the master then rejects the message as non-finite."""
-    link.wire.encode(values, link.payload)
-    if link.wire.name == "float16" and not np.isfinite(link.payload).all() and np.isfinite(values).all():
+    link.put(values)
+    if (link.wire.name == "float16" and not all(np.isfinite(p).all() for p in link.payloads)
+            and np.isfinite(values).all()):
         _tell_float16_overflow()
 
 
@@ -102,7 +104,7 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
     dtype = link.model.dtype  # the run's: gradients are computed and combined in it, then put on the wire
     coef = scheme.coefficients(worker).astype(dtype)
     buffers = np.zeros((scheme.c, problem.dim), dtype=dtype)
-    coded = np.empty(problem.dim, dtype=dtype) if link.wire.narrowed else link.payload
+    coded = link.coded
     step = first = link.next_model()
     computed = 0
     if step is not None:  # the first model: step 0, or the step a resumed run starts at
@@ -121,13 +123,12 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
             versions[k] = step
             losses.append(loss)
         np.dot(coef, buffers, out=coded)
-        if link.wire.narrowed:
-            _put_on_wire(link, coded)
+        _put_on_wire(link, coded)
         took, real = pad_compute(began, len(losses), settings.compute_time, link.stop_requested)
         computed += len(losses)
         slept = injected_delay(delays.delay(worker, step), link.stop_requested)
-        Message(step, worker, tuple(versions), loss=float(np.mean(losses)), compute_time=took, delay=slept,
-                gradients=len(losses), real_compute_time=real).write(link.header)
+        link.write_header(Message(step, worker, tuple(versions), loss=float(np.mean(losses)), compute_time=took,
+                                  delay=slept, gradients=len(losses), real_compute_time=real))
         _send(link, settings.faults, worker, step)
         step = link.next_model()
     link.confirm_stop()
@@ -149,8 +150,8 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
         _put_on_wire(link, grad)
         took, real = pad_compute(began, 1, settings.compute_time, link.stop_requested)
         slept = injected_delay(delays.delay(worker, version, attempts), link.stop_requested)
-        Message(version, worker, (version,), partition=part, loss=loss, compute_time=took,
-                delay=slept, real_compute_time=real).write(link.header)
+        link.write_header(Message(version, worker, (version,), partition=part, loss=loss, compute_time=took,
+                                  delay=slept, real_compute_time=real))
         _send(link, settings.faults, worker, version)
         count += 1
         answer = link.next_model()

@@ -24,7 +24,7 @@ def test_optimizer_state_round_trips_and_continues_identically(tmp_path, name):
     for k in range(3):
         opt.grad[:] = np.sin(w + k)
         opt.step()
-    path = checkpoint.save(tmp_path, 3, w, opt.opt, IDENTITY, {"lr": 0.1})
+    path = checkpoint.save(tmp_path, 3, w, opt.opt.state_dict(), IDENTITY, {"lr": 0.1})
     ck = checkpoint.load(path, IDENTITY)
     w2 = ck.params.copy()
     opt2 = FlatOptimizer(w2, name, 0.1)
@@ -41,7 +41,7 @@ def test_only_the_newest_are_kept_and_no_temporary_files_remain(tmp_path):
     w = np.zeros(5)
     opt = FlatOptimizer(w)
     for step in (2, 4, 6, 8):
-        checkpoint.save(tmp_path, step, w, opt.opt, IDENTITY, {}, keep=2)
+        checkpoint.save(tmp_path, step, w, opt.opt.state_dict(), IDENTITY, {}, keep=2)
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt-00000006.h5", "ckpt-00000008.h5"]
     assert checkpoint.resolve("latest", tmp_path).name == "ckpt-00000008.h5"
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
@@ -52,11 +52,11 @@ def test_pbs_table_and_encoding_are_stored(tmp_path):
     table = sch.new_table(5)
     table.offer(2, 7, np.ones(5))
     w = np.zeros(5)
-    path = checkpoint.save(tmp_path, 9, w, FlatOptimizer(w).opt, IDENTITY, {}, table=table)
+    path = checkpoint.save(tmp_path, 9, w, FlatOptimizer(w).opt.state_dict(), IDENTITY, {}, table=table)
     ck = checkpoint.load(path, IDENTITY)
     assert ck.table_versions[2] == 7 and ck.table_grads[2].sum() == 5
     B = make_scheme("gc-cr", 4, 1, seed=1).encoding_matrix()
-    path = checkpoint.save(tmp_path, 10, w, FlatOptimizer(w).opt, IDENTITY, {}, encoding=B)
+    path = checkpoint.save(tmp_path, 10, w, FlatOptimizer(w).opt.state_dict(), IDENTITY, {}, encoding=B)
     checkpoint.load(path, IDENTITY, encoding=B)
     with pytest.raises(checkpoint.CheckpointError, match="encoding matrix differs"):
         checkpoint.load(path, IDENTITY, encoding=make_scheme("gc-cr", 4, 1, seed=2).encoding_matrix())
@@ -64,7 +64,7 @@ def test_pbs_table_and_encoding_are_stored(tmp_path):
 
 def test_mismatch_and_corruption_are_clear_errors(tmp_path):
     w = np.zeros(5)
-    path = checkpoint.save(tmp_path, 3, w, FlatOptimizer(w).opt, IDENTITY, {})
+    path = checkpoint.save(tmp_path, 3, w, FlatOptimizer(w).opt.state_dict(), IDENTITY, {})
     with pytest.raises(checkpoint.CheckpointError, match="for n = 4, this run has 8"):
         checkpoint.load(path, {**IDENTITY, "n": 8})
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint in"):

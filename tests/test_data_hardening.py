@@ -527,7 +527,7 @@ def test_disk_full_while_writing_a_checkpoint(tmp_path, monkeypatch):
     (tmp_path / "ck").mkdir()
     monkeypatch.setattr(os, "write", _enospc)
     with pytest.raises(PgcError) as info:
-        checkpoint.save(tmp_path / "ck", 12, np.zeros(3, np.float32), opt, {"seed": 0}, {})
+        checkpoint.save(tmp_path / "ck", 12, np.zeros(3, np.float32), opt.state_dict(), {"seed": 0}, {})
     monkeypatch.undo()
     message = str(info.value)
     assert message == f"{tmp_path / 'ck' / 'ckpt-00000012.h5'}: cannot write: no space left on device; " \

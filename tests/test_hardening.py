@@ -25,7 +25,7 @@ def ckpt(tmp_path):
     opt = FlatOptimizer(w, "momentum", 0.1)
     opt.grad[:] = 1.0
     opt.step()
-    return checkpoint.save(tmp_path, 3, w, opt.opt, IDENTITY, {})
+    return checkpoint.save(tmp_path, 3, w, opt.opt.state_dict(), IDENTITY, {})
 
 
 def _edit(path, name, data):
@@ -78,11 +78,11 @@ def test_the_flags_win_over_the_checkpoint_s_learning_rate(tmp_path, caplog):
     opt = FlatOptimizer(w, "momentum", 0.1, momentum=0.5)
     opt.grad[:] = 1.0
     opt.step()
-    path = checkpoint.save(tmp_path, 3, w, opt.opt, IDENTITY, {})
+    path = checkpoint.save(tmp_path, 3, w, opt.opt.state_dict(), IDENTITY, {})
     settings = MasterSettings(steps=10, optimizer="momentum", lr=0.02, momentum=0.9)
     with caplog.at_level(logging.INFO, logger="pgc_mpi"):
-        master = Master(settings, make_scheme("pgc-cr", 4, 1), problem, Link, None, None, None,
-                        checkpoint.load(path, IDENTITY))
+        master = Master(settings, make_scheme("pgc-cr", 4, 1), problem.initial_params(), Link,
+                        resume=checkpoint.load(path, IDENTITY), problem=problem)
     group = master.opt.opt.param_groups[0]
     assert group["lr"] == 0.02 and group["momentum"] == 0.9 and master.start == 3
     np.testing.assert_array_equal(master.opt.opt.state[master.opt.param]["momentum_buffer"].numpy(), np.ones(5))
@@ -96,7 +96,7 @@ def test_an_unexpected_set_up_error_is_one_line_for_every_rank(monkeypatch, caps
         raise RuntimeError("disk on fire\nsecond line")
 
     monkeypatch.setattr(train, "_problem", broken)
-    cfg = train._configure(["--steps", "3"], workers=4)
+    cfg = train._configure(["--steps", "3"], ranks=5)
     assert train._outcome(lambda: train._prepare(cfg, 4, None)) == (1, None)
     err = capsys.readouterr().err
     assert "pgc-train: error: RuntimeError: disk on fire while setting up the run" in err

@@ -250,6 +250,6 @@ def test_a_log_dir_that_cannot_be_created_is_a_config_error(tmp_path):
     (tmp_path / "a-file").touch()
     with pytest.raises(ConfigError, match=r"^--log-dir \S+/a-file/logs: cannot create the directory: Not a directory"):
         train._configure(["--steps", "3", "--out", str(tmp_path / "run"), "--log-dir", str(tmp_path / "a-file/logs")],
-                         workers=4)
-    train._configure(["--steps", "3", "--out", str(tmp_path / "run"), "--log-dir", str(tmp_path / "logs")], workers=4)
+                         ranks=5)
+    train._configure(["--steps", "3", "--out", str(tmp_path / "run"), "--log-dir", str(tmp_path / "logs")], ranks=5)
     assert (tmp_path / "logs").is_dir()

@@ -75,36 +75,61 @@ def _wait_for_mpi_across_nodes(env: dict, folder: Path, attempts: int = 3) -> No
 # long PMI-1 requests that MPICH's start-up exchange of UCX addresses sends ("mpi/pmi2: invalid
 # client request", "value not properly terminated", a known Slurm parsing problem), and the job
 # then either aborts in MPI_Init (UCX unpacks a damaged address: "invalid bandwidth 0.00") or
-# hangs there. Nothing of the run has happened yet: the job is cancelled and submitted once more,
-# and its log printed.
+# hangs there; some starts that log the plugin's error go on to run. Nothing of the run has
+# happened before MPI_Init: a job whose log shows one of these and that then fails, or hangs (its
+# log silent for HUNG_AFTER seconds with nothing but errors after the first of them), is submitted
+# again, up to START_ATTEMPTS starts in all.
 INIT_FAILURES = ("mpi/pmi2: invalid client request", "MPIDI_UCX_comm_addr_exchange")
+HUNG_AFTER = 60.0  # a train.sbatch run logs every 10 s (--log-interval); MPI_Init takes seconds
+START_ATTEMPTS = 3
 
 
 def _failed_at_start(log: Path | None) -> bool:
     return log is not None and log.exists() and any(sign in log.read_text() for sign in INIT_FAILURES)
 
 
-def _sbatch(env: dict, cwd: Path, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+def _ran_on_after_the_error(log: Path) -> bool:
+    """Whether the log has a line other than an error after the first INIT_FAILURES line: the job
+    got past MPI_Init (a run, or its batch script, logs on), whatever its silence after that."""
+    text = log.read_text()
+    first = min(text.index(sign) for sign in INIT_FAILURES if sign in text)
+    after = text[first:].splitlines()[1:]
+    return any(line.strip() and "error" not in line.lower() for line in after)
+
+
+def _sbatch(env: dict, cwd: Path, args: list[str], timeout: int = 300,
+            hung_after: float = HUNG_AFTER) -> subprocess.CompletedProcess:
     """sbatch --wait, bounded here and by the job's own --time; a job still there is cancelled. A
-    job that fails at start (INIT_FAILURES in its -o file) is cancelled and submitted again, once."""
+    job that failed at start (INIT_FAILURES in its -o file, then a failed exit or a silent hang) is
+    submitted again; the failed start's log is kept beside it as <log>.failed<k>."""
     log = Path(args[args.index("-o") + 1]) if "-o" in args else None
-    proc = _sbatch_once(env, cwd, args, timeout, log)
-    if proc.returncode != 0 and _failed_at_start(log):
-        print(f"the job failed at start (Slurm's pmi2 plugin, see INIT_FAILURES); submitting it again. "
-              f"Its log:\n{log.read_text()}")
-        log.rename(log.with_name(log.name + ".failed"))  # the next attempt's log starts empty
-        proc = _sbatch_once(env, cwd, args, timeout, log)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        proc, hung = _sbatch_once(env, cwd, args, timeout, log, hung_after)
+        if (proc.returncode == 0 and not hung) or not _failed_at_start(log) or attempt == START_ATTEMPTS:
+            break
+        print(f"start {attempt} failed ({'hung' if hung else f'exit {proc.returncode}'}) after Slurm's pmi2 "
+              f"plugin's error (see INIT_FAILURES); submitting it again. Its log:\n{log.read_text()}")
+        log.rename(log.with_name(f"{log.name}.failed{attempt}"))  # the next start's log begins empty
+    if hung:  # a cancelled batch script may still exit 0: the run it was to start never happened
+        proc = subprocess.CompletedProcess(proc.args, 1, proc.stdout, proc.stderr + "\nhung at start, cancelled")
     return proc
 
 
-def _sbatch_once(env: dict, cwd: Path, args: list[str], timeout: int, log: Path | None) -> subprocess.CompletedProcess:
+def _sbatch_once(env: dict, cwd: Path, args: list[str], timeout: int, log: Path | None,
+                 hung_after: float) -> tuple[subprocess.CompletedProcess, bool]:
+    """One sbatch --wait; True beside it when the job was cancelled as hung at start."""
     name = f"pgc-test-{uuid.uuid4().hex[:12]}"  # to cancel it before sbatch --wait has said its id
     cmd = ["sbatch", "--wait", "--parsable", "--time=4", "-J", name, *args]
     sbatch = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + timeout
+    deadline, hung, last_size, quiet_since = time.monotonic() + timeout, False, -1, time.monotonic()
     try:
         while sbatch.poll() is None:
-            if time.monotonic() > deadline or _failed_at_start(log):
+            size = log.stat().st_size if log is not None and log.exists() else 0
+            if size != last_size:
+                last_size, quiet_since = size, time.monotonic()
+            hung = (time.monotonic() - quiet_since > hung_after and _failed_at_start(log)
+                    and not _ran_on_after_the_error(log))
+            if time.monotonic() > deadline or hung:
                 subprocess.run(["scancel", "-n", name], env=env, capture_output=True, timeout=30)
                 sbatch.wait(timeout=60)
                 break
@@ -114,7 +139,7 @@ def _sbatch_once(env: dict, cwd: Path, args: list[str], timeout: int, log: Path 
         if sbatch.poll() is None:
             sbatch.kill()
         subprocess.run(["scancel", "-n", name], env=env, capture_output=True, timeout=30)
-    return subprocess.CompletedProcess(cmd, sbatch.returncode, out, err)
+    return subprocess.CompletedProcess(cmd, sbatch.returncode, out, err), hung
 
 
 def _plant_stale_segment(env: dict, node: int) -> str:
@@ -138,17 +163,39 @@ def _hosts(run: Path) -> list[str]:
 DGD = ["--scheme", "dgd", "--steps", "20", "--dtype", "float64", "--record-params", "--eval-every", "10"]
 
 
-def test_a_job_that_fails_at_start_is_cancelled_and_submitted_again(cluster, tmp_path):
+PMI2_ERROR = "echo 'slurmstepd-node1: error: mpi/pmi2: invalid client request'"
+
+
+def test_a_job_that_hangs_at_start_is_cancelled_and_submitted_again(cluster, tmp_path):
     """The tests' own guard (INIT_FAILURES): a first start that prints the pmi2 plugin's error and
-    hangs is cancelled at once, not waited out, and the second start is the result."""
+    then stays silent is cancelled once it has been silent hung_after seconds, not waited out,
+    and the second start is the result."""
     mark, log = tmp_path / "started-once", tmp_path / "job.out"
-    script = (f"if [ -e {mark} ]; then echo second start; else touch {mark}; "
-              f"echo 'slurmstepd-node1: error: mpi/pmi2: invalid client request'; sleep 200; fi")
+    script = f"if [ -e {mark} ]; then echo second start; else touch {mark}; {PMI2_ERROR}; sleep 200; fi"
     began = time.monotonic()
-    proc = _sbatch(cluster, tmp_path, ["-N", "1", "-n", "1", "-o", str(log), "--wrap", script])
+    proc = _sbatch(cluster, tmp_path, ["-N", "1", "-n", "1", "-o", str(log), "--wrap", script], hung_after=5)
     assert proc.returncode == 0 and time.monotonic() - began < 90
     assert "second start" in log.read_text()
-    assert "invalid client request" in (tmp_path / "job.out.failed").read_text()
+    assert "invalid client request" in (tmp_path / "job.out.failed1").read_text()
+
+
+def test_a_start_that_logs_the_error_and_runs_on_is_left_alone(cluster, tmp_path):
+    """The plugin's error alone is no failure: a job that logs it and then keeps logging (as a run
+    does) or ends well is one start, never cancelled."""
+    log = tmp_path / "job.out"
+    script = f"{PMI2_ERROR}; for i in 1 2 3 4 5; do sleep 2; echo step $i; done"
+    proc = _sbatch(cluster, tmp_path, ["-N", "1", "-n", "1", "-o", str(log), "--wrap", script], hung_after=5)
+    assert proc.returncode == 0 and "step 5" in log.read_text()
+    assert not list(tmp_path.glob("job.out.failed*"))
+
+
+def test_a_start_that_keeps_hanging_fails(cluster, tmp_path):
+    """A job hung at start on every attempt is a failure (a cancelled batch script may exit 0)."""
+    log = tmp_path / "job.out"
+    proc = _sbatch(cluster, tmp_path, ["-N", "1", "-n", "1", "-o", str(log), "--wrap", f"{PMI2_ERROR}; sleep 200"],
+                   hung_after=3)
+    assert proc.returncode != 0 and "hung at start" in proc.stderr
+    assert len(list(tmp_path.glob("job.out.failed*"))) == START_ATTEMPTS - 1
 
 
 def test_a_run_across_three_nodes_equals_the_same_run_on_one(cluster, tmp_path):

@@ -59,8 +59,8 @@ def test_models_out_coded_gradients_in_and_a_clean_stop():
         link = WorkerTransport(comm, _layout(), poll_interval=0.001)
         assert link.next_model() == 3
         np.testing.assert_array_equal(link.model, w)
-        link.payload[:] = link.model * comm.Get_rank()
-        Message(3, comm.Get_rank() - 1, (2, 3), loss=0.5).write(link.header)
+        link.payloads[0][:] = link.model * comm.Get_rank()
+        link.write_header(Message(3, comm.Get_rank() - 1, (2, 3), loss=0.5))
         link.send()
         assert link.next_model() is None and link.stopped
         link.confirm_stop()
@@ -93,7 +93,7 @@ def test_a_worker_that_fell_behind_keeps_only_the_newest_model():
                 seen.append(newer)
         assert seen == sorted(seen) and seen[-1] == 3  # never an older model after a newer one
         assert (link.model == 3).all()
-        link.header["step"] = 3
+        link.headers[0]["step"] = 3
         link.send()
         assert link.next_model() is None
         link.confirm_stop()

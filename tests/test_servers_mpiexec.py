@@ -1,0 +1,78 @@
+"""--servers K under mpiexec (bounded by the helpers): every coded scheme's K-server run is the
+simulator's replay of rank 0's arrivals, K = 1 and 3 give one trajectory with 1/K of the bytes
+into each server, and a signal stops all the servers at one step, checkpointed whole: another K
+resumes it into the uninterrupted run's trajectory."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from pgc_mpi.problems import Quadratic
+from pgc_mpi.schemes import make_scheme
+from pgc_mpi.sim import replay
+
+from helpers import events_of, run_train, start_train, steps_of
+
+WORKERS = 4
+# worker 3 always 0.4 s late, far longer than a step: every server decodes every step from the
+# same three workers, so the servers' arrival sets agree and rank 0's records describe them all
+PROBLEM = ["--problem", "quadratic", "--dim", "301", "--samples", "120", "--batch-size", "5", "--seed", "2",
+           "--dtype", "float64", "--lr", "0.3", "-s", "1", "--delay", "fixed:3:0.4", "--record-params"]
+
+
+def _run(servers: int, scheme: str, out, steps: int = 6, extra: tuple[str, ...] = ()) -> np.ndarray:
+    proc = run_train(WORKERS + servers, ["--scheme", scheme, "--servers", str(servers), "--steps", str(steps),
+                                         *PROBLEM, *extra, "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return np.load(out / "params.npy")
+
+
+# is-gc-* decode as gc-* do (with c = 2): their collectors are the ones tested here
+@pytest.mark.parametrize("scheme", ["is-sgd", "gc-fr", "gc-cr", "pgc-fr", "pgc-cr"])
+def test_a_coded_scheme_on_three_servers_is_the_replay_of_its_arrivals(tmp_path, scheme):
+    """Each server decodes its shard by the scheme's rule: put together, the parameters after
+    every step are the simulator's replay (one server, whole vector) of the arrivals."""
+    got = _run(3, scheme, tmp_path / "run")
+    expected = replay(make_scheme(scheme, WORKERS, 1, seed=2), Quadratic(WORKERS, samples=120, dim=301, batch_size=5,
+                                                                          seed=2), steps_of(tmp_path / "run"), lr=0.3)
+    assert got.shape == (7, 301) and np.abs(got - np.stack(expected)).max() < 1e-10
+    assert all(3 not in r["used"] for r in steps_of(tmp_path / "run"))  # the late worker was never waited for
+
+
+def test_one_and_three_servers_give_one_trajectory_and_split_the_bytes(tmp_path):
+    runs = {k: _run(k, "dgd", tmp_path / f"k{k}", extra=("--delay", "none")) for k in (1, 3)}
+    assert np.abs(runs[3] - runs[1]).max() < 1e-10
+    one = events_of(tmp_path / "k1", "summary")[0]
+    assert "servers" not in one
+    servers = events_of(tmp_path / "k3", "summary")[0]["servers"]
+    assert [s["server"] for s in servers] == [0, 1, 2] and all(s["steps"] == 6 for s in servers)
+    # each server receives its shard of every message: a third of the payload, with the whole header
+    # (72 bytes here: 880 bytes a message against 2,480 at K = 1)
+    assert max(s["bytes_received"] for s in servers) < 0.36 * steps_of(tmp_path / "k1")[-1]["bytes_received"]
+
+
+def test_a_signal_stops_every_server_at_the_same_step(tmp_path):
+    """SIGTERM mid-run: rank 0 abandons the step in progress and checkpoints the whole vector,
+    which another number of servers resumes into the one trajectory of an uninterrupted run."""
+    args = ["--scheme", "dgd", "--servers", "2", *PROBLEM, "--delay", "fixed:0:0.02", "--optimizer", "momentum"]
+    out = tmp_path / "run"
+    job = start_train(WORKERS + 2, [*args, "--steps", "100000"], out)
+    until = time.monotonic() + 60
+    while time.monotonic() < until and len(steps_of(out)) < 10:
+        time.sleep(0.2)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=60)
+    assert job.returncode == 3, err[-3000:]
+    stopped = events_of(out, "summary")[-1]["steps"]
+    assert stopped >= 10 and (out / "checkpoints" / f"ckpt-{stopped:08d}.h5").exists()
+    steps = stopped + 3
+    proc = run_train(WORKERS + 3, [*args, "--servers", "3", "--steps", str(steps), "--resume", "latest",
+                                   "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    whole = _run(1, "dgd", tmp_path / "whole", steps=steps, extra=("--delay", "fixed:0:0.02", "--optimizer",
+                                                                   "momentum"))
+    assert np.abs(np.load(out / "params.npy")[-1] - whole[-1]).max() < 1e-10
