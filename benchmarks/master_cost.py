@@ -11,6 +11,9 @@ takes no time). Printed: one markdown table row per (N, d), medians over the ste
 first few (start-up), the simulated step time beside the measured one, the time from launch to
 the first step and a worker rank's resident memory.
 
+With --servers K the runs shard the parameters over K servers (pgc-train --servers): the table is
+then server 0's (rank 0's) own work and bytes, and --fit is refused (the cost model is one master's).
+
 With --fit FILE it then fits the master's cost model to these runs (pgc_mpi.master_cost: each
 part linear in N and the model size), writes it to FILE (what pgc-sim --master-cost reads) and
 prints the simulator's step time with that model beside the measured one. --reuse takes the
@@ -41,7 +44,8 @@ WARMUP = 3  # steps left out of the medians: the first models reach workers stil
 
 def mpi_run(args: argparse.Namespace, n: int, dim: int, out: Path) -> tuple[list[dict], float]:
     """(step records, seconds from launch to the first step record) of one pgc-train run with n workers."""
-    cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n + 1), sys.executable, "-m", "pgc_mpi", "train",
+    cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n + args.servers), sys.executable, "-m", "pgc_mpi",
+           "train", "--servers", str(args.servers),
            "--problem", "quadratic", "--dim", str(dim), "--samples", str(samples_for(args, n)), "--scheme", args.scheme,
            "-s", str(args.s),
            "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--steps", str(args.steps),
@@ -66,10 +70,10 @@ def samples_for(args: argparse.Namespace, n: int) -> int:
     return max(args.samples, args.batch_size * n)
 
 
-def worker_memory(out: Path) -> float:
+def worker_memory(out: Path, servers: int) -> float:
     """The median worker's resident MiB once its problem was built (config.json's provenance.ranks)."""
     ranks = json.loads((out / "config.json").read_text())["provenance"]["ranks"]
-    return float(np.median([r["rss_mib"] for r in ranks[1:]]))
+    return float(np.median([r["rss_mib"] for r in ranks[servers:]]))
 
 
 def sim_times(args: argparse.Namespace, n: int, dim: int, master_cost: Path | None = None) -> tuple[float, float]:
@@ -136,6 +140,7 @@ def main() -> None:
     p.add_argument("--delay", default="exp:0.1")
     p.add_argument("--compute-time", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--servers", type=int, default=1, help="pgc-train --servers of the runs (the table: server 0's)")
     p.add_argument("--timeout", type=int, default=900, help="seconds one mpiexec may take")
     p.add_argument("--out", type=Path, default=Path("bench/master-cost"))
     p.add_argument("--fit", type=Path, default=None, metavar="FILE",
@@ -147,16 +152,18 @@ def main() -> None:
                    help="model sizes of --extrapolate (the simulator holds every worker's gradients: 1,000 "
                         "workers at d = 1M would need about 8 GB per model version)")
     args = p.parse_args()
+    if args.servers > 1 and args.fit is not None:
+        p.error("--fit fits one master's cost: use it with --servers 1")
     parts = " | ".join(f"{part} ms" for part in MASTER_PARTS)
     print(f"{args.scheme}, s={args.s}, --compute-time {args.compute_time}, --delay {args.delay}, float32, "
-          f"messages {args.wire_dtype or 'float32'}; "
+          f"messages {args.wire_dtype or 'float32'}, --servers {args.servers}; "
           f"medians over steps {WARMUP}..{args.steps - 1}\n")
     print(f"| N | d | {parts} | master ms | step ms | simulated step ms | MB in per step | start s | worker MiB |")
     print("|" + "---|" * (len(MASTER_PARTS) + 8))
     rows, measured_ms = [], []
     for dim in args.dims:
         for n in args.workers:
-            out = args.out / f"n{n}-d{dim}"
+            out = args.out / f"n{n}-d{dim}{f'-k{args.servers}' if args.servers > 1 else ''}"
             steps, start = mpi_run(args, n, dim, out)
             used = steps[WARMUP:]
             rows.append(measured_row(n, dim, used))
@@ -167,7 +174,8 @@ def main() -> None:
             moved = np.diff([r["bytes_received"] for r in steps])[WARMUP - 1:]
             print(f"| {n} | {dim:,} | " + " | ".join(f"{v:.1f}" for v in part_ms)
                   + f" | {master:.1f} | {step:.0f} | {1e3 * sim_times(args, n, dim)[0]:.0f} "
-                  f"| {float(np.median(moved)) / 1e6:.1f} | {start:.0f} | {worker_memory(out):.0f} |", flush=True)
+                  f"| {float(np.median(moved)) / 1e6:.1f} | {start:.0f} | {worker_memory(out, args.servers):.0f} |",
+                  flush=True)
     if args.fit is not None:
         report_fit(args, rows, measured_ms)
 

@@ -11,6 +11,9 @@ For each model size d (float32) it measures, in the same job:
     w, send it to N workers, receive N gradients, decode (pgc-cr: sum and scale), optimizer step,
     using pgc-mpi's own MasterTransport/WorkerTransport and FlatOptimizer;
   * decode throughput (summing N messages into g) against a NumPy copy of the same bytes.
+With --servers 1 2 4 the step is also measured with the parameters sharded over K servers
+(pgc-train --servers K), every K with the same workers (the world size minus the largest K):
+the bytes into each server fall as 1/K, and rank 0's step shows what that buys.
 With --wire-dtypes float32 bfloat16 float16 the master's step is also measured with gradient
 messages in each wire format (pgc-train --wire-dtype): the workers' messages shrink, the master
 widens each one as it adds it in.
@@ -30,6 +33,7 @@ from mpi4py import MPI
 from pgc_mpi import shm
 from pgc_mpi.message import Layout, gradient_header
 from pgc_mpi.optim import FlatOptimizer
+from pgc_mpi.servers import shard_bounds
 from pgc_mpi.transport import MasterTransport, WorkerTransport, duplicate_world
 from pgc_mpi.wire import WIRE_DTYPES, wire_format
 
@@ -60,22 +64,34 @@ def pingpong(comm: MPI.Comm, d: int, reps: int) -> float:
     return float(np.median(times)) if times else 0.0
 
 
-def master_steps(comm: MPI.Comm, d: int, steps: int, poll: float, wire_dtype: str = "float32") -> dict[str, float]:
+def master_steps(comm: MPI.Comm, d: int, steps: int, poll: float, wire_dtype: str = "float32", servers: int = 1,
+                 workers: int | None = None) -> dict[str, float]:
     """Per-step cost of the real master loop with instantly answering workers (float32 model,
-    gradient messages in `wire_dtype`)."""
-    n = comm.size - 1
+    gradient messages in `wire_dtype`), seen by rank 0. With `servers` K > 1 it is pgc-train
+    --servers K's: ranks 0..K-1 each run the loop on their shard of the parameters (as they do,
+    independently), ranks K..K+workers-1 answer each with its shard (default workers: every
+    other rank; the ranks beyond them sit it out)."""
+    n = workers if workers is not None else comm.size - servers
     wire = wire_format(wire_dtype, np.float32)
-    layout = Layout(gradient_header(1), d, wire.storage)
-    if comm.rank > 0:
-        link = WorkerTransport(comm, layout, poll_interval=poll, wire=wire)
-        wire.encode(np.ones(d, dtype=np.float32), link.payload)
+    header = gradient_header(1)
+    shards = shard_bounds(d, servers)
+    rank = comm.rank
+    if servers <= rank < servers + n:
+        link = WorkerTransport(comm, Layout(header, d, wire.storage), poll_interval=poll, wire=wire,
+                               shards=shards if servers > 1 else None)
+        link.put(np.ones(d, dtype=np.float32))
         while (step := link.next_model()) is not None:
-            link.header["step"] = step
+            for h in link.headers:
+                h["step"] = step
             link.send()
         link.confirm_stop()
         return {}
-    link = MasterTransport(comm, n, layout, poll_interval=poll, wire=wire)
-    w = np.zeros(d, dtype=np.float32)
+    if rank >= servers + n:
+        return {}
+    own = shards[rank]
+    link = MasterTransport(comm, n, Layout(header, own.stop - own.start, wire.storage), poll_interval=poll, wire=wire,
+                           first_worker=servers)
+    w = np.zeros(own.stop - own.start, dtype=np.float32)
     opt = FlatOptimizer(w, "sgd", 0.01)
     for i in range(n):
         link.post(i)
@@ -129,6 +145,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--poll-interval", type=float, default=0.0005, help="seconds (pgc-train's --poll-interval)")
+    p.add_argument("--servers", type=int, nargs="+", default=[],
+                   help="also time the step with the parameters sharded over each of these numbers of servers "
+                        "(pgc-train --servers), the first the reference of the ratios, each with the same "
+                        "workers: the world size minus the largest (default: none)")
     p.add_argument("--wire-dtypes", nargs="+", default=[], choices=WIRE_DTYPES,
                    help="also time the master's step with gradient messages in these formats, the first the "
                         "reference of the ratios (pgc-train --wire-dtype; default: none)")
@@ -136,7 +156,7 @@ def main() -> None:
     comm = duplicate_world()
     shm.unlink_own_segments()  # the job is up: a killed run leaves no MPICH segment behind (pgc_mpi.shm)
     n = comm.size - 1
-    rows, wire_rows = [], []
+    rows, wire_rows, server_rows = [], [], []
     for d in args.sizes:
         one_way = pingpong(comm, d, args.reps)
         cost = master_steps(comm, d, args.steps, args.poll_interval)
@@ -146,6 +166,15 @@ def main() -> None:
                 itemsize = wire_format(wire, "float32").storage.itemsize
                 wire_rows.append({"d": d, "wire": wire, "MB_per_message": d * itemsize / 1e6,
                                   "step_ms": narrow["step"] * 1e3, "decode_update_ms": narrow["decode_update"] * 1e3})
+        for k in args.servers:
+            polite_barrier(comm)
+            sharded = master_steps(comm, d, args.steps, args.poll_interval, servers=k,
+                                   workers=comm.size - max(args.servers))
+            if comm.rank == 0:
+                server_rows.append({"d": d, "servers": k, "workers": comm.size - max(args.servers),
+                                    "MB_into_each_server": (comm.size - max(args.servers)) * 4 * -(-d // k) / 1e6,
+                                    "step_ms": sharded["step"] * 1e3,
+                                    "decode_update_ms": sharded["decode_update"] * 1e3})
         if comm.rank == 0:
             comm_time = cost["step"] - cost["decode_update"]
             row = {"d": d, "workers": n, "MB_per_message": d * 4 / 1e6, "pingpong_one_way_ms": one_way * 1e3,
@@ -170,7 +199,16 @@ def main() -> None:
             for r in wire_rows:
                 print(f"| {r['d']:,} | {r['wire']} | {r['MB_per_message']:.1f} | {r['step_ms']:.2f} | "
                       f"{r['decode_update_ms']:.2f} | {r['step_ms'] / base[r['d']]:.2f} |")
-        print(json.dumps(rows + wire_rows))
+        if server_rows:
+            first = args.servers[0]
+            print(f"\n| d | servers | workers | MB into each server per step | step (ms) | decode+update (ms) "
+                  f"| step / {first} server{'s' if first > 1 else ''} |")
+            print("|---|---|---|---|---|---|---|")
+            base = {r["d"]: r["step_ms"] for r in server_rows if r["servers"] == first}
+            for r in server_rows:
+                print(f"| {r['d']:,} | {r['servers']} | {r['workers']} | {r['MB_into_each_server']:.1f} | "
+                      f"{r['step_ms']:.2f} | {r['decode_update_ms']:.2f} | {r['step_ms'] / base[r['d']]:.2f} |")
+        print(json.dumps(rows + wire_rows + server_rows))
 
 
 if __name__ == "__main__":

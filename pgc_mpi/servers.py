@@ -26,19 +26,17 @@ docs/ALGORITHMS.md.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
 from .checkpoint import Checkpoint
 from .errors import ConfigError
-from .transport import Backoff
+from .transport import Backoff, FollowerLink, LeaderLink
 
-TAG_CONTROL, TAG_SHARD, TAG_STATE, TAG_START, TAG_SERVER_REPORT = 111, 112, 113, 114, 115
+# rank 0's orders to the other servers (transport.LeaderLink.order)
 COMMIT, GATHER, GATHER_STATE, END = 1, 2, 3, 4
 
 
@@ -73,72 +71,38 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     return {"state": {0: merged} if merged else {}, "param_groups": states[0]["param_groups"]}
 
 
-def receive_object(comm: MPI.Comm, source: int, tag: int, poll_interval: float, until: float = math.inf) -> Any:
-    """A pickled message from `source`, waited for with Backoff's sleeps (a blocking receive spins a
-    core in MPICH); None if time.monotonic() reached `until` first."""
-    backoff = Backoff(poll_interval)
-    while not comm.iprobe(source=source, tag=tag):
-        if time.monotonic() >= until:
-            return None
-        backoff.sleep(until)
-    return comm.recv(source=source, tag=tag)
-
-
-def _wait(requests: list[MPI.Request], poll_interval: float, until: float = math.inf) -> bool:
-    """Wait for every request with Backoff's sleeps; False if time.monotonic() reached `until` first."""
-    backoff = Backoff(poll_interval)
-    while not MPI.Request.Testall(requests):
-        if time.monotonic() >= until:
-            return False
-        backoff.sleep(until)
-    return True
-
-
 class Leader:
     """Rank 0's side: orders to the followers (ranks 1..K-1), their shards gathered into the whole vector."""
 
-    def __init__(self, comm: MPI.Comm, shards: list[slice], poll_interval: float):
-        self.comm, self.shards, self.poll_interval = comm, shards, poll_interval
-        self.followers = range(1, len(shards))
-        self._orders: list[tuple[MPI.Request, np.ndarray]] = []
-
-    def _order(self, kind: int, steps: int) -> None:
-        """Send one order to every follower (non-blocking; the buffers live until delivered)."""
-        self._orders = [(r, b) for r, b in self._orders if not r.Test()]
-        buf = np.array([kind, steps], dtype=np.int64)
-        self._orders += [(self.comm.Isend([buf, MPI.INT64_T], dest=k, tag=TAG_CONTROL), buf) for k in self.followers]
+    def __init__(self, link: LeaderLink, shards: list[slice]):
+        self.link, self.shards = link, shards
 
     def start(self, w: np.ndarray, resume: Checkpoint | None) -> None:
         """Hand every follower its shard of the initial parameters, and of the checkpoint resumed from."""
-        for k in self.followers:
+        for k in self.link.followers:
             shard = self.shards[k]
             part = None if resume is None else dataclasses.replace(
                 resume, params=resume.params[shard].copy(), optimizer=slice_state(resume.optimizer, shard, len(w)))
-            self.comm.send((w[shard].copy(), part), dest=k, tag=TAG_START)
+            self.link.send_start(k, (w[shard].copy(), part))
 
     def commit(self, step: int) -> None:
         """Step `step` is done on rank 0: the followers may apply it."""
-        self._order(COMMIT, step)
+        self.link.order(COMMIT, step)
 
     def gather(self, w: np.ndarray, steps: int, state: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Fill the followers' shards of `w` as they are after `steps` steps; with `state` (rank 0's
         own optimizer state_dict), return the whole vector's."""
-        self._order(GATHER_STATE if state is not None else GATHER, steps)
-        recvs = [self.comm.Irecv([w[self.shards[k]], MPI.BYTE], source=k, tag=TAG_SHARD) for k in self.followers]
-        _wait(recvs, self.poll_interval)
-        if state is None:
-            return None
-        return merge_states([state, *(receive_object(self.comm, k, TAG_STATE, self.poll_interval)
-                                      for k in self.followers)])
+        self.link.order(GATHER_STATE if state is not None else GATHER, steps)
+        self.link.receive_shards([w[self.shards[k]] for k in self.link.followers])
+        return None if state is None else merge_states([state, *self.link.receive_states()])
 
     def end(self, steps: int, grace: float) -> list[dict[str, Any]]:
         """The run ended after `steps` steps: tell the followers, and return their reports (what each
-        received), waiting at most `grace` seconds for each."""
-        self._order(END, steps)
-        reports = [receive_object(self.comm, k, TAG_SERVER_REPORT, self.poll_interval, time.monotonic() + grace)
-                   for k in self.followers]
+        received), waiting at most `grace` seconds for them."""
+        self.link.order(END, steps)
+        reports = self.link.receive_reports(time.monotonic() + grace)
         return [report or {"server": k, "report": f"none within --grace {grace:g} s"}
-                for k, report in zip(self.followers, reports, strict=True)]
+                for k, report in zip(self.link.followers, reports, strict=True)]
 
 
 class FollowerControl:
@@ -150,20 +114,14 @@ class FollowerControl:
     eval_seconds = 0.0
     stopped_by = None
 
-    def __init__(self, comm: MPI.Comm, poll_interval: float):
-        self.comm, self.poll_interval = comm, poll_interval
+    def __init__(self, link: FollowerLink):
+        self.link = link
         self.committed = -1  # the newest step rank 0 committed
         self.applied = 0  # steps applied here
         self.ended: int | None = None  # the run's steps, once rank 0 said END
         self._gathers: list[tuple[int, bool]] = []  # (steps, with state) asked for and not yet answered
-        self._buf = np.zeros(2, dtype=np.int64)
-        self._req = self.comm.Irecv([self._buf, MPI.INT64_T], source=0, tag=TAG_CONTROL)
         self._params: np.ndarray | None = None
         self._optimizer: torch.optim.Optimizer | None = None
-
-    def receive_start(self) -> tuple[np.ndarray, Checkpoint | None]:
-        """(this shard's initial parameters, its part of the checkpoint resumed from or None), from rank 0."""
-        return receive_object(self.comm, 0, TAG_START, self.poll_interval)
 
     def attach(self, params: np.ndarray, optimizer: torch.optim.Optimizer, applied: int) -> None:
         """What gathers send: the shard's parameters and optimizer, which have applied `applied` steps."""
@@ -172,20 +130,16 @@ class FollowerControl:
 
     def _pump(self) -> None:
         """Read every order that has arrived, and answer the gathers that can be answered now."""
-        while self._req.Test():
-            kind, steps = (int(v) for v in self._buf)
+        for kind, steps in self.link.orders():
             if kind == COMMIT:
                 self.committed = steps
             elif kind in (GATHER, GATHER_STATE):
                 self._gathers.append((steps, kind == GATHER_STATE))
             elif kind == END:
                 self.ended = steps
-            self._req = self.comm.Irecv([self._buf, MPI.INT64_T], source=0, tag=TAG_CONTROL)
         while self._gathers and self._gathers[0][0] == self.applied:
             _, with_state = self._gathers.pop(0)
-            _wait([self.comm.Isend([self._params, MPI.BYTE], dest=0, tag=TAG_SHARD)], self.poll_interval)
-            if with_state:
-                self.comm.send(self._optimizer.state_dict(), dest=0, tag=TAG_STATE)  # small next to the shard
+            self.link.send_shard(self._params, self._optimizer.state_dict() if with_state else None)
 
     def stop_signal(self, step: int) -> bool:
         """Whether rank 0 ended the run before step `step` (which is then abandoned)."""
@@ -194,7 +148,7 @@ class FollowerControl:
 
     def may_update(self, step: int) -> bool:
         """Wait until rank 0 committed step `step` (True) or ended the run before it (False)."""
-        backoff = Backoff(self.poll_interval)
+        backoff = Backoff(self.link.poll_interval)
         while not self.stop_signal(step):
             if self.committed >= step:
                 return True
@@ -216,14 +170,10 @@ class FollowerControl:
 
     def wait_for_end(self) -> None:
         """Serve rank 0's gathers until it ends the run (after this shard's loop stopped on its own)."""
-        backoff = Backoff(self.poll_interval)
+        backoff = Backoff(self.link.poll_interval)
         while self.ended is None:
             self._pump()
             backoff.sleep()
-
-    def report(self, totals, bytes_received: int, server: int) -> None:
-        """Tell rank 0 what this server received and did (its summary's `servers`)."""
-        self.comm.send(server_report(server, totals, bytes_received), dest=0, tag=TAG_SERVER_REPORT)
 
 
 def server_report(server: int, totals, bytes_received: int) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from .message import Layout, buffers_per_message, gradient_header
 from .metrics import MetricsWriter, Progress, configure_logging, json_line, make_log_dir, setup_logging, write_json
 from .servers import shard_bounds
 from .stragglers import DelayModel
-from .transport import MasterTransport, WorkerTransport, abort, duplicate_world, wait_for_all
+from .transport import FollowerLink, LeaderLink, MasterTransport, WorkerTransport, abort, duplicate_world, wait_for_all
 from .wire import WireFormat, wire_format
 from .worker import WorkerSettings, run_worker
 
@@ -272,10 +272,10 @@ def _run_follower(cfg: TrainConfig, comm, log, scheme, header, wire: WireFormat)
     """Ranks 1..K-1 with --servers K: the step loop on this rank's shard, rank 0's orders obeyed
     (pgc_mpi.servers), then the shutdown of its links to the workers."""
     from .master import Master
-    from .servers import FollowerControl
+    from .servers import FollowerControl, server_report
 
-    control = FollowerControl(comm, cfg.poll_interval)
-    params, resume = control.receive_start()
+    control = FollowerControl(FollowerLink(comm, cfg.poll_interval))
+    params, resume = control.link.receive_start()
     link = MasterTransport(comm, scheme.n, Layout(header, len(params), wire.storage), cfg.poll_interval, wire,
                            first_worker=cfg.servers)
     master = Master(_master_settings(cfg, scheme, leads=False), scheme, params, link, resume=resume)
@@ -284,7 +284,7 @@ def _run_follower(cfg: TrainConfig, comm, log, scheme, header, wire: WireFormat)
     if totals.diverged:
         raise PgcError(f"server {comm.Get_rank()}: {totals.diverged}")
     control.wait_for_end()
-    control.report(totals, link.bytes_received, comm.Get_rank())
+    control.link.send_report(server_report(comm.Get_rank(), totals, link.bytes_received))
     abandoned = link.shutdown(cfg.grace)
     if abandoned:  # rank 0 has written the run's outputs (it reports its own abandoned workers)
         abort(EXIT_DIVERGED if totals.diverged else 0)
@@ -300,7 +300,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: Wire
 
     out, metrics, progress = _open_outputs(cfg, comm, log, scheme, problem, start, resume)
     shards = shard_bounds(problem.dim, cfg.servers)
-    leader = Leader(comm, shards, cfg.poll_interval) if cfg.servers > 1 else None
+    leader = Leader(LeaderLink(comm, cfg.servers, cfg.poll_interval), shards) if cfg.servers > 1 else None
     params = problem.initial_params()
     if leader is not None:
         leader.start(params, resume)

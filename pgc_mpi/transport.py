@@ -7,6 +7,10 @@ receives into one preallocated buffer per worker, polls them with Testsome plus 
 (never a busy spin, never a wait that cannot time out), and keeps at most one model message in
 flight per worker, sent from a snapshot so the master can update its parameters meanwhile.
 
+With --servers K every server has its MasterTransport over its shard, the workers send each
+server its part, and rank 0 talks to the other servers through LeaderLink/FollowerLink (orders,
+shards, optimizer states, reports: pgc_mpi.servers says what they mean).
+
 The ddp baseline (pgc_mpi.ddp) averages its gradients over torch.distributed, not here; its
 links to rank 0 (PeerReporter, PeerInbox) carry only step reports, parameters and verdicts.
 """
@@ -28,6 +32,9 @@ from .wire import WireFormat, wire_format
 TAG_MODEL, TAG_GRAD, TAG_STOP, TAG_BYE = 101, 102, 103, 104
 # the ddp baseline's messages (pgc_mpi.ddp): step reports and parameters to rank 0, its verdicts back
 TAG_REPORT, TAG_PARAMS, TAG_VERDICT = 105, 106, 107
+# --servers K (pgc_mpi.servers): rank 0's orders to the other servers, their shards, optimizer
+# states and reports back, and what each starts from
+TAG_ORDER, TAG_SHARD, TAG_STATE, TAG_START, TAG_SERVER_REPORT = 108, 109, 110, 111, 112
 
 
 class Backoff:
@@ -397,6 +404,83 @@ def barrier(comm: MPI.Comm, poll_interval: float, stop=lambda: False) -> bool:
     """A barrier over `comm` waited with Backoff's sleeps (a blocking MPI barrier spins a core in
     MPICH); False if `stop()` turned true first."""
     return _wait([comm.Ibarrier()], poll_interval, stop)
+
+
+def _receive_object(comm: MPI.Comm, source: int, tag: int, poll_interval: float, until: float = math.inf):
+    """A pickled message from `source`, waited for with Backoff's sleeps (a blocking receive spins a
+    core in MPICH); None if time.monotonic() reached `until` first."""
+    backoff = Backoff(poll_interval)
+    while not comm.iprobe(source=source, tag=tag):
+        if time.monotonic() >= until:
+            return None
+        backoff.sleep(until)
+    return comm.recv(source=source, tag=tag)
+
+
+class LeaderLink:
+    """Rank 0's link to the other servers of --servers K (ranks 1..K-1, pgc_mpi.servers): orders
+    out (two int64s: kind, steps), their shards, optimizer states and reports in."""
+
+    def __init__(self, comm: MPI.Comm, servers: int, poll_interval: float):
+        self.comm, self.poll_interval = comm, poll_interval
+        self.followers = range(1, servers)
+        self._orders: list[tuple[MPI.Request, np.ndarray]] = []
+
+    def order(self, kind: int, steps: int) -> None:
+        """Send one order to every follower (non-blocking; the buffers live until delivered)."""
+        self._orders = [(r, b) for r, b in self._orders if not r.Test()]
+        buf = np.array([kind, steps], dtype=np.int64)
+        self._orders += [(self.comm.Isend([buf, MPI.INT64_T], dest=k, tag=TAG_ORDER), buf) for k in self.followers]
+
+    def send_start(self, follower: int, start) -> None:
+        """What `follower` starts from (pickled: its shard, and its part of a checkpoint)."""
+        self.comm.send(start, dest=follower, tag=TAG_START)
+
+    def receive_shards(self, parts: list[np.ndarray]) -> None:
+        """Receive every follower's shard into its part (parts[k - 1]: follower k's, contiguous views)."""
+        _wait([self.comm.Irecv([part, MPI.BYTE], source=k, tag=TAG_SHARD) for k, part in zip(self.followers, parts,
+                                                                                               strict=True)],
+              self.poll_interval)
+
+    def receive_states(self) -> list:
+        """Every follower's optimizer state_dict, in order (sent right after its shard)."""
+        return [_receive_object(self.comm, k, TAG_STATE, self.poll_interval) for k in self.followers]
+
+    def receive_reports(self, until: float) -> list:
+        """Every follower's report, None for one that has not sent it by time.monotonic() == until."""
+        return [_receive_object(self.comm, k, TAG_SERVER_REPORT, self.poll_interval, until) for k in self.followers]
+
+
+class FollowerLink:
+    """A follower server's link to rank 0 (pgc_mpi.servers): its orders in, its shard, optimizer
+    state and report out."""
+
+    def __init__(self, comm: MPI.Comm, poll_interval: float):
+        self.comm, self.poll_interval = comm, poll_interval
+        self._buf = np.zeros(2, dtype=np.int64)
+        self._req = comm.Irecv([self._buf, MPI.INT64_T], source=0, tag=TAG_ORDER)
+
+    def orders(self) -> list[tuple[int, int]]:
+        """Every order that has arrived, in order, as (kind, steps)."""
+        got = []
+        while self._req.Test():
+            got.append((int(self._buf[0]), int(self._buf[1])))
+            self._req = self.comm.Irecv([self._buf, MPI.INT64_T], source=0, tag=TAG_ORDER)
+        return got
+
+    def receive_start(self):
+        """What rank 0 said this server starts from."""
+        return _receive_object(self.comm, 0, TAG_START, self.poll_interval)
+
+    def send_shard(self, params: np.ndarray, state=None) -> None:
+        """Send this server's shard (and, given, its optimizer state) to rank 0."""
+        _wait([self.comm.Isend([params, MPI.BYTE], dest=0, tag=TAG_SHARD)], self.poll_interval)
+        if state is not None:
+            self.comm.send(state, dest=0, tag=TAG_STATE)  # small next to the shard
+
+    def send_report(self, report: dict) -> None:
+        """This server's end-of-run report to rank 0."""
+        self.comm.send(report, dest=0, tag=TAG_SERVER_REPORT)
 
 
 class PeerReporter:

@@ -215,7 +215,7 @@ def test_a_checkpoint_knows_its_problem(tmp_path):
     mine = run_identity(scheme, 10, model=None, dataset=None, problem="quadratic", samples=100, **ident)
     assert "model" not in mine and (mine["problem"], mine["samples"], mine["dim"]) == ("quadratic", 100, 10)
     params = torch.zeros(10, dtype=torch.float64, requires_grad=True)
-    path = save(tmp_path, 3, params.detach().numpy(), torch.optim.SGD([params], lr=0.1), mine, {})
+    path = save(tmp_path, 3, params.detach().numpy(), torch.optim.SGD([params], lr=0.1).state_dict(), mine, {})
     assert load(path, mine).step == 3
     with pytest.raises(CheckpointError, match="for samples = 100, this run has 200"):
         load(path, {**mine, "samples": 200})

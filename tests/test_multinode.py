@@ -244,6 +244,22 @@ def test_mpich_mpiexec_across_nodes_inside_an_allocation(cluster, tmp_path):
     assert len(steps_of(run)) == 20
 
 
+def test_the_template_puts_each_server_on_a_node_of_its_own(cluster, tmp_path):
+    """PGC_MASTER_ALONE=1 with --servers 2: servers on node1 and node2, the workers on node3, and
+    float64 dgd's trajectory is the one-server run's."""
+    run = tmp_path / "servers"
+    env = {**cluster, "PGC_MASTER_ALONE": "1"}
+    proc = _sbatch(env, tmp_path, ["-N", "3", "--ntasks-per-node=3", "-o", str(tmp_path / "job.out"),
+                                   str(SLURM_DIR / "train.sbatch"), *DGD, "--servers", "2", "--out", str(run)])
+    log = "".join(p.read_text() for p in sorted(tmp_path.glob("job.out*")))
+    assert proc.returncode == 0, proc.stderr + log[-3000:]
+    assert _hosts(run) == ["node1", "node2", "node3", "node3", "node3"]
+    assert "2 servers alone, one on each of node1 node2; 3 workers on node3" in log
+    local = tmp_path / "local"
+    assert run_train(4, [*DGD, "--out", str(local)], timeout=180).returncode == 0
+    assert np.abs(np.load(run / "params.npy") - np.load(local / "params.npy")).max() < 1e-10
+
+
 def test_a_sweep_spreads_its_array_tasks_over_the_nodes(cluster, tmp_path):
     exp = tmp_path / "exp.toml"
     exp.write_text('name = "spread"\nworkers = 3\nschemes = ["dgd", "pgc-cr"]\ns = [1]\nseeds = [0, 1, 2]\n'
