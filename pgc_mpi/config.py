@@ -318,9 +318,8 @@ class TrainConfig(CoreConfig):
             raise ConfigError(f"--servers {self.servers}: --scheme {self.scheme} has no parameter server (its workers "
                               f"all-reduce); use --servers 1")
         if self.servers > 1 and self.scheme == "pbs":
-            raise ConfigError(f"--servers {self.servers}: pbs steps its table on every arrival and probes the whole "
-                              f"model for its diagnostics, which one server holding a shard cannot; use --servers 1 "
-                              f"with pbs")
+            raise ConfigError(f"--servers {self.servers}: pbs steps on arrivals, which servers see in different "
+                              f"orders, and probes the whole model for its diagnostics; use --servers 1 with pbs")
 
     def workers_of(self, ranks: int) -> int:
         """The workers of an MPI world of `ranks` ranks: all but the --servers (a --servers that is no

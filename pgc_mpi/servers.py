@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from .checkpoint import Checkpoint
 from .errors import ConfigError
 from .transport import Backoff, FollowerLink, LeaderLink
+
+if TYPE_CHECKING:  # a worker imports this module for shard_bounds: it must not load torch (light ranks)
+    import torch
+
+    from .checkpoint import Checkpoint
 
 # rank 0's orders to the other servers (transport.LeaderLink.order)
 COMMIT, GATHER, GATHER_STATE, END = 1, 2, 3, 4
@@ -57,6 +60,8 @@ def shard_bounds(dim: int, servers: int) -> list[slice]:
 def slice_state(state: dict[str, Any], shard: slice, dim: int) -> dict[str, Any]:
     """A torch optimizer's state_dict for the shard of a `dim`-vector: its per-parameter vectors
     (momentum, Adam's moments) cut to the shard, its scalars (Adam's step) and groups kept."""
+    import torch
+
     per_param = state["state"].get(0, {})
     cut = {key: value[shard].clone() if torch.is_tensor(value) and value.dim() == 1 and len(value) == dim else value
            for key, value in per_param.items()}
@@ -65,6 +70,8 @@ def slice_state(state: dict[str, Any], shard: slice, dim: int) -> dict[str, Any]
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     """The optimizer state_dict of the whole vector from its shards' (in shard order)."""
+    import torch
+
     first = states[0]["state"].get(0, {})
     merged = {key: torch.cat([s["state"][0][key] for s in states]) if torch.is_tensor(value) and value.dim() == 1
               else value for key, value in first.items()}

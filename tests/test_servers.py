@@ -58,7 +58,7 @@ def test_shard_optimizers_step_like_the_whole_one_and_their_states_merge_to_its(
 
 
 @pytest.mark.parametrize("scheme,match", [
-    ("pbs", r"^--servers 2: pbs steps its table on every arrival"),
+    ("pbs", r"^--servers 2: pbs steps on arrivals, which servers see in different orders"),
     ("ddp", r"^--servers 2: --scheme ddp has no parameter server"),
 ])
 def test_schemes_without_whole_steps_on_a_server_refuse_servers(scheme, match):
