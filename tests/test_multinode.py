@@ -26,6 +26,8 @@ from helpers import events_of, run_train, steps_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_DIR = ROOT / "launch" / "slurm"
+pytestmark = pytest.mark.timeout(900)  # a test's jobs may start START_ATTEMPTS times
+
 NODES = ["node1", "node2", "node3"]
 
 
@@ -84,22 +86,14 @@ INIT_FAILURES = ("mpi/pmi2: invalid client request", "MPIDI_UCX_comm_addr_exchan
                  "UCP_OBJECT_VERSION")
 HUNG_AFTER = 60.0  # a train.sbatch run logs every 10 s (--log-interval); MPI_Init takes seconds
 START_ATTEMPTS = 3
+START_TIMEOUT = 240
 
 
 def _failed_at_start(log: Path | None) -> bool:
     return log is not None and log.exists() and any(sign in log.read_text() for sign in INIT_FAILURES)
 
 
-def _ran_on_after_the_error(log: Path) -> bool:
-    """Whether the log has a line other than an error after the first INIT_FAILURES line: the job
-    got past MPI_Init (a run, or its batch script, logs on), whatever its silence after that."""
-    text = log.read_text()
-    first = min(text.index(sign) for sign in INIT_FAILURES if sign in text)
-    after = text[first:].splitlines()[1:]
-    return any(line.strip() and "error" not in line.lower() for line in after)
-
-
-def _sbatch(env: dict, cwd: Path, args: list[str], timeout: int = 300,
+def _sbatch(env: dict, cwd: Path, args: list[str], timeout: int = START_TIMEOUT,
             hung_after: float = HUNG_AFTER) -> subprocess.CompletedProcess:
     """sbatch --wait, bounded here and by the job's own --time; a job still there is cancelled. A
     job that failed at start (INIT_FAILURES in its -o file, then a failed exit or a silent hang) is
@@ -129,8 +123,7 @@ def _sbatch_once(env: dict, cwd: Path, args: list[str], timeout: int, log: Path 
             size = log.stat().st_size if log is not None and log.exists() else 0
             if size != last_size:
                 last_size, quiet_since = size, time.monotonic()
-            hung = (time.monotonic() - quiet_since > hung_after and _failed_at_start(log)
-                    and not _ran_on_after_the_error(log))
+            hung = time.monotonic() - quiet_since > hung_after and _failed_at_start(log)
             if time.monotonic() > deadline or hung:
                 subprocess.run(["scancel", "-n", name], env=env, capture_output=True, timeout=30)
                 sbatch.wait(timeout=60)
@@ -169,11 +162,12 @@ PMI2_ERROR = "echo 'slurmstepd-node1: error: mpi/pmi2: invalid client request'"
 
 
 def test_a_job_that_hangs_at_start_is_cancelled_and_submitted_again(cluster, tmp_path):
-    """The tests' own guard (INIT_FAILURES): a first start that prints the pmi2 plugin's error and
-    then stays silent is cancelled once it has been silent hung_after seconds, not waited out,
-    and the second start is the result."""
+    """The tests' own guard (INIT_FAILURES): a first start that prints the pmi2 plugin's error (with
+    its dump of the misread request, lines that are not errors) and then stays silent is cancelled
+    once it has been silent hung_after seconds, not waited out, and the second start is the result."""
     mark, log = tmp_path / "started-once", tmp_path / "job.out"
-    script = f"if [ -e {mark} ]; then echo second start; else touch {mark}; {PMI2_ERROR}; sleep 200; fi"
+    dump = "echo 'cmd=put kvsname=11.0 key=-allgather-1-2-seg-9/9 value=F000070110F00007'"
+    script = f"if [ -e {mark} ]; then echo second start; else touch {mark}; {PMI2_ERROR}; {dump}; sleep 200; fi"
     began = time.monotonic()
     proc = _sbatch(cluster, tmp_path, ["-N", "1", "-n", "1", "-o", str(log), "--wrap", script], hung_after=5)
     assert proc.returncode == 0 and time.monotonic() - began < 90
@@ -183,10 +177,10 @@ def test_a_job_that_hangs_at_start_is_cancelled_and_submitted_again(cluster, tmp
 
 def test_a_start_that_logs_the_error_and_runs_on_is_left_alone(cluster, tmp_path):
     """The plugin's error alone is no failure: a job that logs it and then keeps logging (as a run
-    does) or ends well is one start, never cancelled."""
+    does, more often than hung_after) and ends well is one start, never cancelled."""
     log = tmp_path / "job.out"
     script = f"{PMI2_ERROR}; for i in 1 2 3 4 5; do sleep 2; echo step $i; done"
-    proc = _sbatch(cluster, tmp_path, ["-N", "1", "-n", "1", "-o", str(log), "--wrap", script], hung_after=5)
+    proc = _sbatch(cluster, tmp_path, ["-N", "1", "-n", "1", "-o", str(log), "--wrap", script], hung_after=30)
     assert proc.returncode == 0 and "step 5" in log.read_text()
     assert not list(tmp_path.glob("job.out.failed*"))
 
