@@ -1,4 +1,4 @@
-"""Launching bounded mpiexec jobs from tests."""
+"""Launching bounded mpiexec jobs from tests, and asking Slurm about the jobs tests submit."""
 
 from __future__ import annotations
 
@@ -88,3 +88,19 @@ def start_train(ranks: int, args: list[str], out: Path, wait: float = 90) -> sub
         time.sleep(0.2)
     return proc
 
+
+
+def slurm_job_state(env: dict, job: str) -> str:
+    """The job's state as squeue shows it, '' once it has left the queue, and 'UNKNOWN' when squeue
+    itself failed (a busy slurmctld times out): a failed query must never read as a job that ended,
+    or a test that waits for the end goes on (and cancels) while the job still runs."""
+    proc = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%T"], env=env, capture_output=True, text=True,
+                          timeout=30)
+    if proc.returncode == 0:
+        return proc.stdout.strip()
+    return "" if "Invalid job id" in proc.stderr else "UNKNOWN"
+
+
+def slurm_job_gone(env: dict, job: str) -> bool:
+    """Whether the job has left the queue or finished (COMPLETED/FAILED/CANCELLED/TIMEOUT linger a while)."""
+    return slurm_job_state(env, job) in ("", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY")

@@ -22,7 +22,7 @@ import pytest
 
 from pgc_mpi.run_folder import checkpoint_name
 
-from helpers import events_of, run_train, steps_of
+from helpers import events_of, run_train, slurm_job_gone, slurm_job_state, steps_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_DIR = ROOT / "launch" / "slurm"
@@ -283,13 +283,6 @@ def test_a_sweep_spreads_its_array_tasks_over_the_nodes(cluster, tmp_path):
     assert time.monotonic() - began < 420
 
 
-def _squeue_state(env: dict, job: str) -> str:
-    """The job's state ('' once it has left the queue)."""
-    proc = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True,
-                          timeout=30)
-    return proc.stdout.strip()
-
-
 def _until(what: str, check, timeout: float, log: Path):
     """Poll `check()` every second until it is truthy (its value is returned), failing after `timeout` s."""
     end = time.monotonic() + timeout
@@ -352,9 +345,9 @@ def test_a_node_that_drops_off_the_network_is_handled_like_hung_workers(cluster,
                                 timeout=30).stdout:
         subprocess.run(["scontrol", "update", "NodeName=node3", "State=RESUME"], env=env, check=True, timeout=30)
     # Slurm holds a requeued job back for a while; once node3 has cleaned up the old start, release it
-    _until("the old start cleaned up", lambda: _squeue_state(env, job) == "PENDING", 180, log)
+    _until("the old start cleaned up", lambda: slurm_job_state(env, job) == "PENDING", 180, log)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True, timeout=30)
-    _until("the requeued job's end", lambda: _squeue_state(env, job) in ("", "COMPLETED"), 240, log)
+    _until("the requeued job's end", lambda: slurm_job_gone(env, job), 240, log)
     subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
     assert [r["status"] for r in events_of(run, "summary")] == ["completed"], log.read_text()[-3000:]
     assert [r["step"] for r in steps_of(run)] == list(range(300))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import events_of, steps_of
+from helpers import events_of, slurm_job_gone, steps_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_DIR = ROOT / "launch" / "slurm"
@@ -139,8 +139,7 @@ def test_stop_signal_through_slurm_keeps_the_metrics(slurm, tmp_path):
         pytest.fail(f"the job produced no metrics in 300 s\n{job_state}\n{output}\n"
                     + "\n".join(line for line in procs.splitlines() if "pgc" in line or "srun" in line))
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm, check=True, timeout=30)
-    while time.monotonic() < until and subprocess.run(["squeue", "-h", "-j", job], env=slurm, capture_output=True,
-                                                      text=True).stdout.strip():
+    while time.monotonic() < until and not slurm_job_gone(slurm, job):
         time.sleep(0.5)
     summary = events_of(tmp_path / "run", "summary")[0]
     assert summary["status"] == "stopped by SIGUSR1" and summary["steps"] > 0
@@ -162,8 +161,7 @@ def test_a_segment_left_by_a_killed_job_does_not_hang_the_next_one(slurm, tmp_pa
     finally:
         job.wait(timeout=60)
     until = time.monotonic() + 60
-    while time.monotonic() < until and subprocess.run(["squeue", "-h", "-j", str(job_id)], env=slurm,
-                                                      capture_output=True, text=True).stdout.strip():
+    while time.monotonic() < until and not slurm_job_gone(slurm, str(job_id)):
         time.sleep(0.5)
     stale = Path(f"/dev/shm/mpich_shm_{_fnv1a(f'{job_id}.0'):x}_0")
     left = sorted({p.name for p in Path("/dev/shm").glob("mpich_shm_*")} - before)
