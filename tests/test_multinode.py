@@ -310,6 +310,66 @@ def _link(env: dict, node: int, state: str) -> None:
                    check=True, timeout=30)
 
 
+def _transfer_seconds(env: dict, sender: int, receiver: int, nbytes: int, port: int = 16990) -> float:
+    """Seconds from the first byte to the last of nbytes sent over TCP from node `sender` to node `receiver`."""
+    receive = (f"import socket, time\ns = socket.create_server(('0.0.0.0', {port}))\nconn, _ = s.accept()\n"
+               f"got, first = 0, None\nwhile got < {nbytes}:\n    b = conn.recv(1 << 20)\n    if not b: break\n"
+               f"    first = first or time.monotonic()\n    got += len(b)\nprint(time.monotonic() - first, got)")
+    send = (f"import socket, time\nfor _ in range(100):\n    try:\n"
+            f"        c = socket.create_connection(('node{receiver}', {port}), timeout=10); break\n"
+            f"    except OSError: time.sleep(0.1)\nc.sendall(bytes({nbytes})); c.close()")
+    exec_node = str(SLURM_DIR / "multinode-exec.sh")
+    server = subprocess.Popen([exec_node, str(receiver), sys.executable, "-c", receive], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        subprocess.run([exec_node, str(sender), sys.executable, "-c", send], env=env, check=True, timeout=60)
+        out, _ = server.communicate(timeout=60)
+    finally:
+        server.kill()
+    seconds, got = out.split()
+    assert int(got) == nbytes
+    return float(seconds)
+
+
+def test_a_shaped_link_carries_no_more_than_its_rate_each_way(cluster):
+    """multinode-link.sh caps what enters and what leaves a node (4 MB at 40 Mbit/s: 0.8 s), and
+    `off` gives the unlimited link back; a typo in the rate or the node is a one-line error."""
+    link = str(SLURM_DIR / "multinode-link.sh")
+    bad = subprocess.run([link, "1", "40mbits"], env=cluster, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "is not a rate like 1gbit" in bad.stderr
+    absent = subprocess.run([link, "9", "1gbit"], env=cluster, capture_output=True, text=True, timeout=30)
+    assert absent.returncode == 2 and "node9 is not up" in absent.stderr
+    nbytes = 4_000_000
+    subprocess.run([link, "1", "40mbit"], env=cluster, check=True, timeout=30)
+    try:
+        into, out_of = _transfer_seconds(cluster, 2, 1, nbytes), _transfer_seconds(cluster, 1, 2, nbytes)
+    finally:
+        subprocess.run([link, "1", "off"], env=cluster, check=True, timeout=30)
+    assert 0.6 < into < 10 and 0.6 < out_of < 10, (into, out_of)
+    assert _transfer_seconds(cluster, 2, 1, nbytes) < 0.4
+
+
+def test_the_slow_link_benchmark_runs_every_variant_behind_shaped_links(cluster, tmp_path):
+    """benchmarks/slow_link.py as docs/BENCHMARKS.md §16 runs it, shortened: both variants run on the
+    same workers (node3), each server alone on its node, the table has their rows, and the links
+    are unlimited again afterwards."""
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "slow_link.py"), "--rate", "200mbit",
+                           "--variants", "1:float32", "2:bfloat16", "--seeds", "0", "--target-loss", "2.0",
+                           "--timeout", "240", "--out", str(out), "--", "--scheme", "pgc-cr", "-s", "1",
+                           "--steps", "10", "--eval-every", "5"],
+                          env=cluster, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert [r.split("|")[1:3] for r in rows] == [[" 1 ", " float32 "], [" 2 ", " bfloat16 "]], proc.stdout
+    for folder, servers in (("k1-float32-seed0", ["node1"]), ("k2-bfloat16-seed0", ["node1", "node2"])):
+        config = json.loads((out / folder / "config.json").read_text())
+        assert _hosts(out / folder) == servers + ["node3", "node3"]
+        assert config["config"]["wire_dtype"] == folder.split("-")[1]
+    shaped = subprocess.run(["tc", "qdisc", "show", "dev", "pgcv-node1"], capture_output=True, text=True, timeout=30)
+    assert "tbf" not in shaped.stdout
+
+
 def test_a_node_that_drops_off_the_network_is_handled_like_hung_workers(cluster, tmp_path):
     """node3 (workers 2 and 3) leaves the network mid-run: gc-cr (s=2) goes on with node2's workers; the
     time-limit signal then ends the job within --grace with a checkpoint and "stopped" in its summary;
