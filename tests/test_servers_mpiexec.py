@@ -31,15 +31,20 @@ def _run(servers: int, scheme: str, out, steps: int = 6, extra: tuple[str, ...] 
     return np.load(out / "params.npy")
 
 
+def _is_the_replay(scheme: str, out, got: np.ndarray) -> bool:
+    """Whether the parameters after every step are the simulator's replay (one server, whole
+    vector) of rank 0's arrivals."""
+    expected = replay(make_scheme(scheme, WORKERS, 1, seed=2), Quadratic(WORKERS, samples=120, dim=301, batch_size=5,
+                                                                          seed=2), steps_of(out), lr=0.3)
+    return got.shape == (len(expected), 301) and np.abs(got - np.stack(expected)).max() < 1e-10
+
+
 # is-gc-* decode as gc-* do (with c = 2): their collectors are the ones tested here
 @pytest.mark.parametrize("scheme", ["is-sgd", "gc-fr", "gc-cr", "pgc-fr", "pgc-cr"])
 def test_a_coded_scheme_on_three_servers_is_the_replay_of_its_arrivals(tmp_path, scheme):
-    """Each server decodes its shard by the scheme's rule: put together, the parameters after
-    every step are the simulator's replay (one server, whole vector) of the arrivals."""
+    """Each server decodes its shard by the scheme's rule: put together, they are the replay."""
     got = _run(3, scheme, tmp_path / "run")
-    expected = replay(make_scheme(scheme, WORKERS, 1, seed=2), Quadratic(WORKERS, samples=120, dim=301, batch_size=5,
-                                                                          seed=2), steps_of(tmp_path / "run"), lr=0.3)
-    assert got.shape == (7, 301) and np.abs(got - np.stack(expected)).max() < 1e-10
+    assert len(got) == 7 and _is_the_replay(scheme, tmp_path / "run", got)
     assert all(3 not in r["used"] for r in steps_of(tmp_path / "run"))  # the late worker was never waited for
 
 
@@ -76,3 +81,41 @@ def test_a_signal_stops_every_server_at_the_same_step(tmp_path):
     whole = _run(1, "dgd", tmp_path / "whole", steps=steps, extra=("--delay", "fixed:0:0.02", "--optimizer",
                                                                    "momentum"))
     assert np.abs(np.load(out / "params.npy")[-1] - whole[-1]).max() < 1e-10
+
+
+@pytest.mark.parametrize("on_stale,counter", [("reject", "stale_rejected"), ("refresh", "refreshed")])
+def test_the_staleness_rules_act_alike_on_every_server(tmp_path, on_stale, counter):
+    """A random worker 1 s late each step misses steps and comes back with old buffers: every server
+    judges them from the same header, so the rule acts on each alike, the run is still the replay
+    and no step uses a buffer older than the window."""
+    out = tmp_path / "run"
+    got = _run(2, "pgc-fr", out, steps=20, extra=("--delay", "random:1:1.0", "--on-stale", on_stale, "--grace", "5"))
+    assert _is_the_replay("pgc-fr", out, got)
+    assert sum(r[counter] for r in steps_of(out)) > 0 and all(r["max_staleness"] <= 1 for r in steps_of(out))
+    if on_stale == "reject":
+        servers = events_of(out, "summary")[0]["servers"]
+        assert servers[0]["rejected_stale"] == servers[1]["rejected_stale"] > 0
+
+
+def test_faulty_messages_are_rejected_by_every_server(tmp_path):
+    """Worker 2's messages carry NaN from step 3 on: each server rejects its shard of them, and the
+    run goes on, the replay of rank 0's arrivals, from the other workers."""
+    out = tmp_path / "run"
+    got = _run(2, "gc-cr", out, extra=("--fault", "nan:2@3"))
+    assert _is_the_replay("gc-cr", out, got)
+    assert events_of(out, "summary")[0]["rejected_messages"] > 0
+    assert all(2 not in r["used"] for r in steps_of(out)[3:])
+
+
+def test_a_missed_deadline_with_fail_ends_every_server(tmp_path):
+    """dgd with a hung worker and --on-deadline fail: the servers miss the deadline, the job ends
+    non-zero at once (not at the mpiexec timeout), and the folder says why."""
+    out = tmp_path / "run"
+    began = time.monotonic()
+    proc = run_train(WORKERS + 2, ["--scheme", "dgd", "--servers", "2", "--steps", "20", "--delay", "hang:1@3",
+                                   "--deadline", "1", "--on-deadline", "fail", "--grace", "2", "--out", str(out)])
+    assert proc.returncode != 0 and time.monotonic() - began < 60
+    assert "could not decode by the deadline" in proc.stderr
+    summaries = events_of(out, "summary")
+    assert summaries and all(s["status"] == "failed" and "deadline" in s["reason"] for s in summaries)
+    assert len(steps_of(out)) == 3
