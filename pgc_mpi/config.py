@@ -312,14 +312,11 @@ class TrainConfig(CoreConfig):
             self._check_peer_options()
 
     def _check_servers(self) -> None:
-        """--servers K: a parameter-server scheme whose servers step on whole steps (not pbs, not ddp)."""
+        """--servers K: a parameter-server scheme (not ddp; pbs's followers repeat rank 0's arrivals)."""
         _positive_int("servers", self.servers)
         if self.servers > 1 and self.scheme in PEER_SCHEMES:
             raise ConfigError(f"--servers {self.servers}: --scheme {self.scheme} has no parameter server (its workers "
                               f"all-reduce); use --servers 1")
-        if self.servers > 1 and self.scheme == "pbs":
-            raise ConfigError(f"--servers {self.servers}: pbs steps on arrivals, which servers see in different "
-                              f"orders, and probes the whole model for its diagnostics; use --servers 1 with pbs")
 
     def workers_of(self, ranks: int) -> int:
         """The workers of an MPI world of `ranks` ranks: all but the --servers (a --servers that is no
@@ -536,7 +533,8 @@ _HELP = {
     "master_device": "where the master evaluates the model: cpu, cuda or auto (decoding and the optimizer step "
                      "stay on the CPU in this version)",
     "servers": "parameter servers K: ranks 0..K-1 each hold, decode and update one contiguous shard of the "
-               "parameters (rank 0 also evaluates, logs and checkpoints); the workers are ranks K and up",
+               "parameters (rank 0 also evaluates, logs and checkpoints; with pbs it also decides the order of the "
+               "arrivals, which the others repeat); the workers are ranks K and up; not with ddp",
     "share_gpus": "let several ranks of a node use the same GPU when there are more ranks that want one than GPUs "
                   "(otherwise an error)",
     "verify_data": "check the data file's sha256 checksum when opening it (--no-verify-data skips it; labels "

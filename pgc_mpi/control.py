@@ -66,10 +66,11 @@ class RunControl:
     warned_lr: bool = False  # the learning-rate warning was given (it is given once)
     servers: Leader | None = None  # --servers K: the other servers, told each step rank 0 has done
 
-    def may_update(self, step: int) -> bool:
-        """Step `step` is decoded here and will be applied: the other servers may apply it too."""
+    def may_update(self, step: int, lr: float) -> bool:
+        """Step `step` is decoded here and will be applied with learning rate `lr`: the other
+        servers may apply it too, with the same rate."""
         if self.servers is not None:
-            self.servers.commit(step)
+            self.servers.commit(step, lr)
         return True
 
     def stop_signal(self, step: int) -> bool:

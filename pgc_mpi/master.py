@@ -5,6 +5,9 @@ transport moves the bytes, and RunControl (pgc_mpi.control) decides when to eval
 checkpoint and stop. The master applies the runtime's own rules: at most one model in flight
 per worker, always the newest; a message that is malformed, non-finite or names another worker
 never reaches the collector; the deadline policy when the decode condition is late.
+
+With --servers K and pbs the followers do not collect on their own: rank 0 orders them through
+every arrival, answer and decode in its own order (`_follow`; pgc_mpi.servers says why).
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ from .checkpoint import Checkpoint, Checkpointer
 from .collector import Decoded, make_collector
 from .control import RunControl
 from .diagnostics import TableDiagnostics
-from .errors import Diverged, NotDecodable
+from .errors import Diverged, NotDecodable, PgcError
 from .message import Message
 from .metrics import MASTER_PARTS, MetricsWriter, Progress, RepeatedWarnings, master_times
 from .optim import FlatOptimizer
 from .problems import Problem
 from .schemes import CodedScheme, PbsScheme
-from .servers import Leader, slice_state
+from .servers import ANSWER, ARRIVAL, DECODE, FollowerControl, Leader, slice_state
 from .transport import MasterTransport
 from .wire import DECODE_ERROR_WARNING
 
@@ -80,7 +83,9 @@ class Master:
         """`params`: the initial parameters, the whole vector on rank 0 and a follower's shard on
         the other servers (--servers K, pgc_mpi.servers); this server updates `params[own]` and
         rank 0 gathers the rest from `servers` when it needs the whole vector. A follower writes no
-        metrics, progress or checkpoints (None). `problem` serves pbs's diagnostics only."""
+        metrics, progress or checkpoints (None). `problem` serves pbs's diagnostics only (rank 0's).
+        With pbs and `servers`, rank 0 orders the followers through its arrivals, answers and
+        decodes (pgc_mpi.servers)."""
         self.settings, self.scheme, self.problem, self.link = settings, scheme, problem, link
         self.metrics, self.progress, self.checkpointer = metrics, progress, checkpointer
         self.n = scheme.n
@@ -89,9 +94,14 @@ class Master:
         self.opt = FlatOptimizer(self.w[own], settings.optimizer, settings.lr, momentum=settings.momentum)
         self.collector = make_collector(scheme, self.opt.grad, settings.max_staleness,
                                         first=resume.step if resume is not None else 0)
-        self.diagnostics = (TableDiagnostics(problem, settings.probe_every, settings.max_staleness, settings.adapt)
+        # pbs with --servers K: rank 0 names every arrival, answer and decode to the followers
+        self.leads_arrivals = servers is not None and isinstance(scheme, PbsScheme)
+        self.diagnostics = (TableDiagnostics(problem, settings.probe_every, settings.max_staleness, settings.adapt,
+                                             peers=servers if self.leads_arrivals else None)
                             if isinstance(scheme, PbsScheme) else None)
-        self.control: RunControl | None = None  # set by run()
+        self.control: RunControl | FollowerControl | None = None  # set by run()
+        self.follows_arrivals = False  # set by run(): a pbs follower, which repeats rank 0's arrivals
+        self._unnamed: set[int] = set()  # a pbs follower's arrived messages that rank 0 has not named yet
         self.totals = RunTotals()
         self.sent = [-1] * self.n  # newest model version sent to each worker
         self.busy = [False] * self.n  # a model is out with the worker and its answer is not back
@@ -117,8 +127,8 @@ class Master:
             group["momentum"] = self.settings.momentum
         torch.set_rng_state(resume.rng)
         table = resume.table_grads is not None
-        if table:
-            self.collector.table.grads[...] = resume.table_grads
+        if table:  # rank 0's checkpoint holds the whole table (a follower is handed its columns)
+            self.collector.table.grads[...] = resume.table_grads[:, self.own]
             self.collector.table.versions[...] = resume.table_versions
         self.start = self.totals.steps = resume.step
         changed = ", ".join(f"{k} {before[k]:g} -> {group[k]:g}" for k in before if before[k] != group[k])
@@ -127,18 +137,22 @@ class Master:
                  group["lr"], f", momentum {group['momentum']:g}" if self.settings.optimizer == "momentum" else "",
                  f" ({changed})" if changed else "")
 
-    def run(self, control: RunControl) -> RunTotals:
+    def run(self, control: RunControl | FollowerControl) -> RunTotals:
         """Train until the last step, the target loss or a stop signal (as `control` decides)."""
         self.control = control
+        self.follows_arrivals = getattr(control, "follows_arrivals", False)
         for i in range(self.n):
             self.link.post(i)
         for t in range(self.start, self.settings.steps):
             began = time.monotonic()
             try:
-                dec, missed = self._collect(t, began)
-                if dec is None or not control.may_update(t):  # a stop: the step in progress is abandoned
+                dec, missed = self._follow(t) if self.follows_arrivals else self._collect(t, began)
+                if dec is None:  # a stop: the step in progress is abandoned
                     break
+                # before the commit: --adapt may change the learning rate the step is applied with
                 extra = self._timed("update", functools.partial(self._diagnose, t))
+                if not control.may_update(t, self.opt.opt.param_groups[0]["lr"]):
+                    break
                 self._timed("update", functools.partial(self._update, t))
             except Diverged as exc:  # no checkpoint of non-finite numbers: the last finite one stays
                 log.error("%s", exc)
@@ -152,8 +166,9 @@ class Master:
         return self.totals
 
     def _diagnose(self, t: int) -> dict:
-        """pbs's error decomposition of the decoded step (pgc_mpi.diagnostics); nothing for the others."""
-        if self.diagnostics is None:
+        """pbs's error decomposition of the decoded step (pgc_mpi.diagnostics); nothing for the
+        others, nor on a follower (its part went to rank 0 in _follow)."""
+        if self.diagnostics is None or self.follows_arrivals:
             return {}
         return self.diagnostics.observe(t, self.collector.table, self.opt.grad, self.opt)
 
@@ -170,7 +185,11 @@ class Master:
         encoding = self.scheme.encoding_matrix() if table is None else None
         state = self.opt.opt.state_dict()
         if self.servers is not None:
-            state = self.servers.gather(self.w, self.totals.steps, state)
+            if table is not None:  # pbs: the whole table, the followers' columns gathered
+                whole = self.scheme.new_table(len(self.w), table.grads.dtype)
+                whole.grads[:, self.own], whole.versions[...] = table.grads, table.versions
+                table = whole
+            state = self.servers.gather(self.w, self.totals.steps, state, None if table is None else table.grads)
         path = self.checkpointer.save(self.totals.steps, self.w, state, encoding=encoding, table=table)
         log.info("checkpoint %s", path)
 
@@ -185,11 +204,7 @@ class Master:
         decoded is None when a stop signal arrived."""
         collector, deadline = self.collector, self.settings.deadline
         collector.begin(t)
-        if self.diagnostics is not None:
-            self.diagnostics.remember(t, self.w)
-        self._times = dict.fromkeys(MASTER_PARTS, 0.0)
-        self._rejected = {}
-        self._timed("send", lambda: self.link.publish(t, self.w[self.own]))
+        self._begin(t)
         deadline_at = began + deadline if deadline is not None else math.inf
         reminder, missed = began + WAIT_REMINDER, False
         while True:
@@ -220,6 +235,80 @@ class Master:
                 log.warning("step %d: waited %.0f s so far; still waiting for %s", t, now - began, self._waiting())
                 reminder = now + WAIT_REMINDER
 
+    def _begin(self, t: int) -> None:
+        """What every step starts with: the model of step t remembered and published."""
+        if self.diagnostics is not None:
+            self.diagnostics.remember(t, self.w[self.own])
+        self._times = dict.fromkeys(MASTER_PARTS, 0.0)
+        self._rejected = {}
+        self._timed("send", lambda: self.link.publish(t, self.w[self.own]))
+
+    def _follow(self, t: int) -> tuple[Decoded | None, bool]:
+        """A pbs follower's step t: rank 0's arrivals, answers and decode, carried out in rank 0's
+        order (pgc_mpi.servers), so that this shard's table, steps and answers are rank 0's.
+        Returns (decoded, False), or (None, False) once rank 0 ended the run."""
+        self.collector.begin(t)
+        self._begin(t)
+        while (event := self.control.next_event(t)) is not None:
+            kind, step, worker, value = event
+            if kind == ARRIVAL:
+                if not self._timed("receive", functools.partial(self._take, t, worker, step, bool(value))):
+                    return None, False
+            elif kind == ANSWER:
+                if step != t:
+                    raise PgcError(f"rank 0 answered worker {worker} with the model of step {step}, this server "
+                                   f"is at step {t}: the servers' steps differ")
+                self._timed("send", functools.partial(self.link.send_model, worker))
+            elif kind == DECODE:
+                dec = self._timed("decode", functools.partial(self.collector.decode, partial=True))
+                self.control.report(*self.diagnostics.report(t, self.collector.table, self.opt.grad,
+                                                              value if value >= 0 else None))
+                return dec, False
+        return None, False
+
+    def _take(self, t: int, worker: int, step: int, offered: bool) -> bool:
+        """A pbs follower: do with `worker`'s next message what rank 0 did with it (offer it to the
+        table, or drop it), waiting for it if it has not come; False once rank 0 ended the run."""
+        arrived, malformed = self._await(t, worker)
+        if not arrived:
+            return False
+        if not offered:  # rank 0 refused it before its table: so does this server
+            if malformed is None:
+                self.link.post(worker)
+            self.totals.rejected_messages += 1
+            return True
+        why = malformed
+        if why is None:
+            msg, values = Message.read(self.link.headers[worker]), self.link.gradient(worker)
+            why = self._fault(worker, msg, values)[1] or (f"its step is {msg.step}, rank 0's copy's {step}"
+                                                          if msg.step != step else None)
+        if why is not None:
+            raise PgcError(f"step {t}: rank 0 took worker {worker}'s message into the pbs table, but its part here "
+                           f"is unusable ({why}): the servers' tables would differ")
+        self.collector.offer(msg, values)
+        self.link.post(worker)
+        return True
+
+    def _await(self, t: int, worker: int) -> tuple[bool, str | None]:
+        """Wait for `worker`'s next message: (True, None) once it is in its buffer, (True, reason)
+        when it was malformed (the transport has dropped it), (False, None) when rank 0 ended the
+        run first."""
+        began = time.monotonic()
+        reminder = began + WAIT_REMINDER
+        while worker not in self._unnamed:
+            bad = next((i for i, (w, _) in enumerate(self.link.malformed) if w == worker), None)
+            if bad is not None:
+                return True, self.link.malformed.pop(bad)[1]
+            if self.control.stop_signal(t):
+                return False, None
+            self._unnamed.update(self.link.poll(time.monotonic() + DISPATCH_INTERVAL))
+            if time.monotonic() >= reminder:
+                log.warning("step %d: waited %.0f s so far for worker %d's message, which rank 0 has received",
+                            t, time.monotonic() - began, worker)
+                reminder += WAIT_REMINDER
+        self._unnamed.discard(worker)
+        return True, None
+
     def _waiting(self) -> str:
         return f"{self.collector.waits_on} {self.collector.waiting_for()}"
 
@@ -239,6 +328,8 @@ class Master:
             if self.sent[i] < t and not self.busy[i] and not self.link.model_in_flight(i):
                 self.link.send_model(i)
                 self.sent[i], self.busy[i] = t, True
+                if self.leads_arrivals:
+                    self.servers.answer(i, t)
 
     def _receive(self, t: int, worker: int) -> None:
         """Judge one arrived message, offer it to the collector, and free its buffer unless held."""
@@ -246,6 +337,8 @@ class Master:
         msg = Message.read(self.link.headers[worker])
         values = self.link.gradient(worker)  # widened to the run's dtype
         kind, why = self._fault(worker, msg, values)
+        if self.leads_arrivals:
+            self.servers.arrival(worker, msg.step, offered=kind is None)
         if kind is None:
             verdict = self.collector.offer(msg, values)
             if verdict in ("future", "unknown", "duplicate"):
@@ -273,6 +366,8 @@ class Master:
         bad, self.link.malformed[:] = list(self.link.malformed), []
         for worker, why in bad:
             self.busy[worker] = False
+            if self.leads_arrivals:
+                self.servers.arrival(worker, -1, offered=False)
             self._reject(t, worker, "malformed", why)
 
     def _reject(self, t: int, worker: int, kind: str, why: str) -> None:

@@ -351,14 +351,18 @@ def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers, no
     return len(batch), now
 
 
-def replay(scheme: CodedScheme, problem: Problem, steps: Iterable[dict], optimizer: str = "sgd",
+def replay(scheme: CodedScheme | PbsScheme, problem: Problem, steps: Iterable[dict], optimizer: str = "sgd",
            lr: float = 0.05, momentum: float = 0.9, wire_dtype: str | None = None) -> list[np.ndarray]:
     """Recompute a recorded run's parameters from its arrivals and message versions.
 
     Each item of `steps` has 'arrivals' (worker ids in order), 'versions' ({worker: the
     versions of its message's buffers}, keys may be strings as in JSON) and optionally
-    'partial', as the MPI master logs them. `wire_dtype`: the run's --wire-dtype (messages are
-    rounded to it as the workers rounded them). Returns w_0, w_1, ...
+    'partial', as the MPI master logs them. For pbs it has 'messages' instead (every message
+    the master took in that step, in its order, as the MPI master logs them): each enters the
+    table in that order and the step decodes after the last, as the master did; a worker's k-th
+    message is its k-th computation (its partition and minibatch), so the run must have started
+    at step 0. `wire_dtype`: the run's --wire-dtype (messages are rounded to it as the workers
+    rounded them). Returns w_0, w_1, ...
     """
     w = problem.initial_params().astype(np.float64)
     opt = FlatOptimizer(w, optimizer, lr, momentum=momentum)
@@ -366,12 +370,23 @@ def replay(scheme: CodedScheme, problem: Problem, steps: Iterable[dict], optimiz
     builder.add_model(0, w)
     collector = make_collector(scheme, opt.grad)
     wire = wire_format(wire_dtype, np.float64)
+    counts = [0] * scheme.n  # pbs: each worker's computations so far
     out = [w.copy()]
     for t, rec in enumerate(steps):
         collector.begin(t)
-        versions = {int(k): v for k, v in rec["versions"].items()}
-        for i in map(int, rec["arrivals"]):
-            collector.offer(Message(t, i, tuple(versions[i])), wire.round_trip(builder.message(i, versions[i])))
+        if isinstance(scheme, PbsScheme):
+            for message in rec["messages"]:
+                worker, version, verdict = int(message[0]), int(message[1]), message[5]
+                count, counts[worker] = counts[worker], counts[worker] + 1
+                if verdict != "rejected":
+                    slot = scheme.fresh_slots(count, worker)[0]
+                    part = scheme.placement[worker][slot]
+                    grad = builder.gradient(part, version, scheme.draw_index(count, slot))
+                    collector.offer(Message(version, worker, (version,), partition=part), wire.round_trip(grad))
+        else:
+            versions = {int(k): v for k, v in rec["versions"].items()}
+            for i in map(int, rec["arrivals"]):
+                collector.offer(Message(t, i, tuple(versions[i])), wire.round_trip(builder.message(i, versions[i])))
         collector.decode(partial=rec.get("partial", False))
         opt.step()
         builder.add_model(t + 1, w)

@@ -270,16 +270,18 @@ def _master_settings(cfg: TrainConfig, scheme, leads: bool):
 
 def _run_follower(cfg: TrainConfig, comm, log, scheme, header, wire: WireFormat) -> int:
     """Ranks 1..K-1 with --servers K: the step loop on this rank's shard, rank 0's orders obeyed
-    (pgc_mpi.servers), then the shutdown of its links to the workers."""
+    (pgc_mpi.servers; with pbs, its arrivals, answers and decodes repeated), then the shutdown of
+    its links to the workers."""
     from .master import Master
     from .servers import FollowerControl, server_report
 
-    control = FollowerControl(FollowerLink(comm, cfg.poll_interval))
+    control = FollowerControl(FollowerLink(comm, cfg.poll_interval), follows_arrivals=scheme.kind == "table")
     params, resume = control.link.receive_start()
     link = MasterTransport(comm, scheme.n, Layout(header, len(params), wire.storage), cfg.poll_interval, wire,
                            first_worker=cfg.servers)
     master = Master(_master_settings(cfg, scheme, leads=False), scheme, params, link, resume=resume)
-    control.attach(master.w, master.opt.opt, master.start)
+    table = getattr(master.collector, "table", None)
+    control.attach(master.w, master.opt.opt, master.start, None if table is None else table.grads)
     totals = master.run(control)
     if totals.diverged:
         raise PgcError(f"server {comm.Get_rank()}: {totals.diverged}")

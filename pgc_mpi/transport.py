@@ -33,8 +33,10 @@ TAG_MODEL, TAG_GRAD, TAG_STOP, TAG_BYE = 101, 102, 103, 104
 # the ddp baseline's messages (pgc_mpi.ddp): step reports and parameters to rank 0, its verdicts back
 TAG_REPORT, TAG_PARAMS, TAG_VERDICT = 105, 106, 107
 # --servers K (pgc_mpi.servers): rank 0's orders to the other servers, their shards, optimizer
-# states and reports back, and what each starts from
+# states and reports back, and what each starts from; with pbs also each step's diagnostics
+# (partial sums, and shards of two models at a probe) and the partition table's shards
 TAG_ORDER, TAG_SHARD, TAG_STATE, TAG_START, TAG_SERVER_REPORT = 108, 109, 110, 111, 112
+TAG_DIAGNOSIS, TAG_TABLE = 113, 114
 
 
 class Backoff:
@@ -297,6 +299,7 @@ class WorkerTransport:
         self.coded = self.payloads[0] if in_place else np.empty(grad_layout.dim, self.wire.compute)
         self._fresh: list[int | None] = [None] * len(self.shards)  # each server's newest shard not yet used
         self._stopping: set[int] = set()  # the servers whose stop has been received
+        self.shard_steps: list[int] = []  # the step of each server's shard in the model last taken
         self._status = MPI.Status()
         self.stopped = False
 
@@ -340,6 +343,7 @@ class WorkerTransport:
             backoff.sleep()
 
     def _take_model(self) -> int:
+        self.shard_steps = list(self._fresh)  # each server's step of the shard taken (pbs checks they agree)
         step = min(self._fresh)
         if self.sharded:
             for shard, (_, payload) in zip(self.shards, self._model_parts, strict=True):
@@ -419,32 +423,45 @@ def _receive_object(comm: MPI.Comm, source: int, tag: int, poll_interval: float,
 
 class LeaderLink:
     """Rank 0's link to the other servers of --servers K (ranks 1..K-1, pgc_mpi.servers): orders
-    out (two int64s: kind, steps), their shards, optimizer states and reports in."""
+    out (four int64s: kind, steps, worker, value), their shards, optimizer states, pbs tables and
+    diagnostics, and reports in."""
 
     def __init__(self, comm: MPI.Comm, servers: int, poll_interval: float):
         self.comm, self.poll_interval = comm, poll_interval
         self.followers = range(1, servers)
         self._orders: list[tuple[MPI.Request, np.ndarray]] = []
 
-    def order(self, kind: int, steps: int) -> None:
+    def order(self, kind: int, steps: int, worker: int = -1, value: int = 0) -> None:
         """Send one order to every follower (non-blocking; the buffers live until delivered)."""
         self._orders = [(r, b) for r, b in self._orders if not r.Test()]
-        buf = np.array([kind, steps], dtype=np.int64)
+        buf = np.array([kind, steps, worker, value], dtype=np.int64)
         self._orders += [(self.comm.Isend([buf, MPI.INT64_T], dest=k, tag=TAG_ORDER), buf) for k in self.followers]
 
     def send_start(self, follower: int, start) -> None:
         """What `follower` starts from (pickled: its shard, and its part of a checkpoint)."""
         self.comm.send(start, dest=follower, tag=TAG_START)
 
-    def receive_shards(self, parts: list[np.ndarray]) -> None:
-        """Receive every follower's shard into its part (parts[k - 1]: follower k's, contiguous views)."""
-        _wait([self.comm.Irecv([part, MPI.BYTE], source=k, tag=TAG_SHARD) for k, part in zip(self.followers, parts,
-                                                                                               strict=True)],
+    def receive_shards(self, parts: list[np.ndarray], tag: int = TAG_SHARD) -> None:
+        """Receive every follower's shard into its part (parts[k - 1]: follower k's, contiguous
+        arrays); with `tag` TAG_TABLE, its shard of the pbs table."""
+        _wait([self.comm.Irecv([part, MPI.BYTE], source=k, tag=tag) for k, part in zip(self.followers, parts,
+                                                                                          strict=True)],
               self.poll_interval)
 
     def receive_states(self) -> list:
         """Every follower's optimizer state_dict, in order (sent right after its shard)."""
         return [_receive_object(self.comm, k, TAG_STATE, self.poll_interval) for k in self.followers]
+
+    def receive_diagnoses(self, sums: np.ndarray, nows: list[np.ndarray] | None = None,
+                          olds: list[np.ndarray] | None = None) -> None:
+        """Every follower's part of a pbs step's diagnostics: its partial sums into sums[k - 1]
+        and, at a probe, its shards of the two probed models into nows[k - 1] and olds[k - 1]
+        (contiguous arrays; a follower sends them in this order, under one tag)."""
+        requests = []
+        for j, k in enumerate(self.followers):
+            parts = [sums[j]] + ([nows[j], olds[j]] if nows is not None else [])
+            requests += [self.comm.Irecv([part, MPI.BYTE], source=k, tag=TAG_DIAGNOSIS) for part in parts]
+        _wait(requests, self.poll_interval)
 
     def receive_reports(self, until: float) -> list:
         """Every follower's report, None for one that has not sent it by time.monotonic() == until."""
@@ -453,18 +470,18 @@ class LeaderLink:
 
 class FollowerLink:
     """A follower server's link to rank 0 (pgc_mpi.servers): its orders in, its shard, optimizer
-    state and report out."""
+    state, pbs table, diagnostics and report out."""
 
     def __init__(self, comm: MPI.Comm, poll_interval: float):
         self.comm, self.poll_interval = comm, poll_interval
-        self._buf = np.zeros(2, dtype=np.int64)
+        self._buf = np.zeros(4, dtype=np.int64)
         self._req = comm.Irecv([self._buf, MPI.INT64_T], source=0, tag=TAG_ORDER)
 
-    def orders(self) -> list[tuple[int, int]]:
-        """Every order that has arrived, in order, as (kind, steps)."""
+    def orders(self) -> list[tuple[int, int, int, int]]:
+        """Every order that has arrived, in order, as (kind, steps, worker, value)."""
         got = []
         while self._req.Test():
-            got.append((int(self._buf[0]), int(self._buf[1])))
+            got.append(tuple(int(v) for v in self._buf))
             self._req = self.comm.Irecv([self._buf, MPI.INT64_T], source=0, tag=TAG_ORDER)
         return got
 
@@ -472,11 +489,19 @@ class FollowerLink:
         """What rank 0 said this server starts from."""
         return _receive_object(self.comm, 0, TAG_START, self.poll_interval)
 
-    def send_shard(self, params: np.ndarray, state=None) -> None:
-        """Send this server's shard (and, given, its optimizer state) to rank 0."""
+    def send_shard(self, params: np.ndarray, state=None, table: np.ndarray | None = None) -> None:
+        """Send this server's shard (and, given, its optimizer state and its shard of the pbs
+        table's gradients) to rank 0."""
         _wait([self.comm.Isend([params, MPI.BYTE], dest=0, tag=TAG_SHARD)], self.poll_interval)
         if state is not None:
             self.comm.send(state, dest=0, tag=TAG_STATE)  # small next to the shard
+        if table is not None:
+            _wait([self.comm.Isend([table, MPI.BYTE], dest=0, tag=TAG_TABLE)], self.poll_interval)
+
+    def send_diagnosis(self, sums: np.ndarray, now: np.ndarray | None = None, old: np.ndarray | None = None) -> None:
+        """This server's part of a pbs step's diagnostics (LeaderLink.receive_diagnoses)."""
+        parts = [sums] + ([now, old] if now is not None else [])
+        _wait([self.comm.Isend([part, MPI.BYTE], dest=0, tag=TAG_DIAGNOSIS) for part in parts], self.poll_interval)
 
     def send_report(self, report: dict) -> None:
         """This server's end-of-run report to rank 0."""

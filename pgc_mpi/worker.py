@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import PgcError
 from .faults import Fault, active
 from .message import Message
 from .problems import Problem
@@ -94,6 +95,14 @@ def _tell_float16_overflow() -> None:
                 "use --wire-dtype bfloat16 (float32's range) or float32", FLOAT16_MAX)
 
 
+def _one_step(link: WorkerTransport, version: int | None) -> int | None:
+    """`version`, the model's step, once every server's shard of it is of that step (pbs)."""
+    if version is not None and link.sharded and len(set(link.shard_steps)) > 1:
+        raise PgcError(f"pbs: the servers answered with shards of steps {link.shard_steps}: they must answer every "
+                       f"message with the same model")
+    return version
+
+
 def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, link: WorkerTransport,
                delays: DelayModel, settings: WorkerSettings | None = None) -> int:
     """Serve the master until it says stop; returns how many gradients were computed."""
@@ -138,8 +147,10 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
 def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: WorkerTransport,
                       delays: DelayModel, settings: WorkerSettings) -> int:
     """pbs: compute the next stored partition at the model the master answered with, again and
-    again (the answer to the message that completes a step is the updated model)."""
-    version = link.next_model()
+    again (the answer to the message that completes a step is the updated model). With --servers K
+    every server answers every message with its shard of the same step (pgc_mpi.servers): a model
+    put together from shards of different steps is a fault of the servers, not a straggler's lot."""
+    version = _one_step(link, link.next_model())
     count = 0
     attempts = 0
     while version is not None:
@@ -154,7 +165,7 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
                                   delay=slept, real_compute_time=real))
         _send(link, settings.faults, worker, version)
         count += 1
-        answer = link.next_model()
+        answer = _one_step(link, link.next_model())
         attempts = attempts + 1 if answer == version else 0
         version = answer
     link.confirm_stop()

@@ -131,6 +131,17 @@ def test_replay_reproduces_the_simulated_trajectory(lsq12):
     assert all(np.array_equal(x, y) for x, y in zip(again, res.trajectory))
 
 
+def test_a_pbs_replay_of_the_messages_in_their_order_reproduces_the_simulated_trajectory():
+    """pbs's replay: each step's messages enter the table in the order the master took them in, the
+    step decodes after the last (the MPI tests replay --servers K runs this way)."""
+    problem = LeastSquares(6, samples=240, dim=10, batch_size=8, seed=3)
+    cfg = SimConfig(scheme="pbs", workers=6, replication=2, c=3, steps=30, lr=0.1, delay="exp:1.0", seed=5)
+    res = simulate(cfg, problem, record_params=True)
+    assert any(m[5] == "stale" for r in res.records for m in r["messages"])  # the order mattered
+    again = replay(make_scheme("pbs", 6, 0, c=3, replication=2), problem, res.records, lr=0.1)
+    assert max(np.abs(x - y).max() for x, y in zip(again, res.trajectory, strict=True)) < 1e-12
+
+
 def test_minibatches_and_logistic_converge():
     prob = Logistic(8, samples=800, dim=5, batch_size=20, seed=1)
     res = simulate(SimConfig(scheme="pgc-fr", workers=8, stragglers=1, steps=300, lr=0.5, delay="exp:0.5"), prob)
