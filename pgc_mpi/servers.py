@@ -199,7 +199,8 @@ class FollowerControl:
     It never evaluates or checkpoints; it applies step t only once rank 0 committed it, answers
     rank 0's gathers once it has applied as many steps as asked, and ends the loop at END. With
     `follows_arrivals` (pbs) it also queues rank 0's ARRIVAL, ANSWER and DECODE orders, which the
-    step loop carries out one by one (next_event)."""
+    step loop carries out one by one (next_event), and its gathers among them: a checkpoint rank 0
+    takes in the middle of a step (a signal) then holds, here as there, that step's arrivals so far."""
 
     eval_seconds = 0.0
     stopped_by = None
@@ -230,12 +231,12 @@ class FollowerControl:
             if kind == COMMIT:
                 self.committed = steps
                 self._lrs[steps] = bits_float(value)
-            elif kind in (GATHER, GATHER_STATE):
+            elif kind in (GATHER, GATHER_STATE) and not self.follows_arrivals:
                 self._gathers.append((steps, kind == GATHER_STATE))
             elif kind == END:
                 self.ended = steps
-            elif kind in EVENTS:
-                self._events.append(order)
+            elif kind in EVENTS or kind in (GATHER, GATHER_STATE):  # pbs: a gather in its place among
+                self._events.append(order)  # the events, so that the table sent holds the arrivals before it
         while self._gathers and self._gathers[0][0] == self.applied:
             _, with_state = self._gathers.pop(0)
             self.link.send_shard(self._params, self._optimizer.state_dict() if with_state else None,
@@ -251,8 +252,12 @@ class FollowerControl:
         waiting for it; None once rank 0 ended the run before step `step`."""
         backoff = Backoff(self.link.poll_interval)
         while not self.stop_signal(step):
-            if self._events:
-                return self._events.popleft()
+            while self._events:
+                order = self._events.popleft()
+                if order[0] not in (GATHER, GATHER_STATE):
+                    return order
+                self._gathers.append((order[1], order[0] == GATHER_STATE))
+                self._pump()  # answers it
             backoff.sleep()
         return None
 
@@ -291,6 +296,11 @@ class FollowerControl:
         backoff = Backoff(self.link.poll_interval)
         while self.ended is None:
             self._pump()
+            while self._events:  # pbs: only gathers can follow the last step
+                kind, steps, _, _ = self._events.popleft()
+                if kind in (GATHER, GATHER_STATE):
+                    self._gathers.append((steps, kind == GATHER_STATE))
+                    self._pump()
             backoff.sleep()
 
 

@@ -103,7 +103,7 @@ class FakeFollowerLink:
 
 def test_a_pbs_follower_carries_out_rank_0_s_events_in_order_and_steps_with_its_learning_rate():
     link = FakeFollowerLink([(ARRIVAL, 0, 2, 1), (ANSWER, 0, 1, 0), (ARRIVAL, 0, 1, 0), (DECODE, 0, 0, -1),
-                             (COMMIT, 0, -1, float_bits(0.125)), (GATHER_STATE, 1, -1, 0), (END, 1, -1, 0)])
+                             (COMMIT, 0, -1, float_bits(0.125)), (GATHER_STATE, 1, -1, 0), (ANSWER, 1, 2, 0)])
     control = FollowerControl(link, follows_arrivals=True)
     w = np.arange(3.0)
     opt = FlatOptimizer(w, "sgd", 0.5)
@@ -112,11 +112,13 @@ def test_a_pbs_follower_carries_out_rank_0_s_events_in_order_and_steps_with_its_
     events = [control.next_event(0) for _ in range(4)]
     assert events == [(ARRIVAL, 0, 2, 1), (ANSWER, 0, 1, 0), (ARRIVAL, 0, 1, 0), (DECODE, 0, 0, -1)]
     assert control.may_update(0, 0.5) and opt.opt.param_groups[0]["lr"] == 0.125  # rank 0's, exactly
-    assert link.sent == []  # the gather waits for step 0 to be applied
-    assert control.after_step(0, 1.0)  # applied; rank 0 ended the run after 1 step
+    assert not control.after_step(0, 1.0)
+    assert link.sent == []  # the gather is answered in its place among the events
+    assert control.next_event(1) == (ANSWER, 1, 2, 0)
     kind, params, state, sent_table = link.sent[0]
     assert kind == "shard" and state is not None and np.array_equal(sent_table, table)
-    assert control.next_event(1) is None
+    link.pending.append((END, 1, -1, 0))
+    assert control.next_event(1) is None and control.ended == 1
     assert bits_float(float_bits(0.1)) == 0.1
 
 

@@ -1,7 +1,9 @@
 """--servers K under mpiexec (bounded by the helpers): every coded scheme's K-server run is the
 simulator's replay of rank 0's arrivals, K = 1 and 3 give one trajectory with 1/K of the bytes
 into each server, and a signal stops all the servers at one step, checkpointed whole: another K
-resumes it into the uninterrupted run's trajectory."""
+resumes it into the uninterrupted run's trajectory. pbs on K servers is the one-server pbs rule
+replayed on rank 0's arrival order (its diagnostics too), and is stopped, checkpointed with its
+whole table and resumed on another K the same way."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from pgc_mpi.checkpoint import load as load_checkpoint
 from pgc_mpi.problems import Quadratic
 from pgc_mpi.schemes import make_scheme
 from pgc_mpi.sim import replay
@@ -119,3 +122,77 @@ def test_a_missed_deadline_with_fail_ends_every_server(tmp_path):
     summaries = events_of(out, "summary")
     assert summaries and all(s["status"] == "failed" and "deadline" in s["reason"] for s in summaries)
     assert len(steps_of(out)) == 3
+
+# pbs: random delays, so that the arrival order, and with it the table and the steps, differ
+# from run to run; window 3, probes every 3 steps
+PBS = ["--scheme", "pbs", "--replication", "2", "--c", "3", "--delay", "exp:0.01", "--eval-every", "3"]
+
+
+def _pbs_replay(records: list[dict], start=None) -> np.ndarray:
+    """The one-server pbs master's parameters on these arrivals, in this order (sim.replay)."""
+    return np.stack(replay(make_scheme("pbs", WORKERS, 1, c=3, replication=2), _quadratic(), records, lr=0.3,
+                           start=start))
+
+
+def _quadratic() -> Quadratic:
+    return Quadratic(WORKERS, samples=120, dim=301, batch_size=5, seed=2)
+
+
+@pytest.mark.parametrize("servers", [1, 3])
+def test_pbs_on_k_servers_is_the_one_server_rule_on_rank_0_s_arrival_order(tmp_path, servers):
+    """Every server repeats rank 0's arrivals in its order: the parameters after every step are
+    one pbs master's on that order, and the diagnostics summed over the shards are the whole
+    vector's (||g_hat||^2, the displacement, and at a probe L_hat and the stale cosine)."""
+    got = _run(servers, "pbs", tmp_path / "run", steps=12, extra=tuple(PBS))
+    records = steps_of(tmp_path / "run")
+    assert sum(len(r["messages"]) for r in records) > len(records)  # the order mattered
+    assert np.abs(got - _pbs_replay(records)).max() < 1e-10
+    problem = _quadratic()
+    for r in records:
+        t = r["step"]
+        versions = [t - age for age in r["ages"] if age >= 0]
+        assert r["grad_norm_sq"] == pytest.approx(np.sum(((got[t] - got[t + 1]) / 0.3) ** 2), rel=1e-8)
+        assert r["displaced_entries"] == len(versions)
+        assert r["displacement"] == pytest.approx(np.mean([np.sum((got[t] - got[v]) ** 2) for v in versions]),
+                                                  rel=1e-8, abs=1e-300)
+        if (t + 1) % 3 == 0 and min(versions) < t:  # (a probe of two equal models measures nothing: nan)
+            now, old = problem.probe_grad(got[t]), problem.probe_grad(got[min(versions)])
+            moved = np.linalg.norm(got[t] - got[min(versions)])
+            assert r["smoothness"] == pytest.approx(np.linalg.norm(now - old) / moved, rel=1e-8)
+            assert r["stale_cosine"] == pytest.approx(now @ old / np.linalg.norm(now) / np.linalg.norm(old), rel=1e-8)
+    if servers > 1:
+        assert [s["steps"] for s in events_of(tmp_path / "run", "summary")[0]["servers"]] == [12] * servers
+
+
+def test_a_signal_checkpoints_pbs_servers_with_the_whole_table_and_another_k_resumes_it(tmp_path):
+    """SIGTERM during a pbs step on 2 servers: the checkpoint holds the whole table, every column
+    of it as the arrivals taken so far left it (those of the abandoned step too); 3 servers resume
+    it into the one-server rule on their arrivals."""
+    args = [*PROBLEM, *PBS]
+    out = tmp_path / "run"
+    job = start_train(WORKERS + 2, ["--servers", "2", *args, "--steps", "100000"], out)
+    until = time.monotonic() + 60
+    while time.monotonic() < until and len(steps_of(out)) < 8:
+        time.sleep(0.2)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=60)
+    assert job.returncode == 3, err[-3000:]
+    stopped = events_of(out, "summary")[-1]["steps"]
+    records = steps_of(out)[:stopped]
+    first = np.load(out / "params.npy")
+    assert stopped >= 8 and np.abs(first - _pbs_replay(records)).max() < 1e-10
+    ckpt = load_checkpoint(out / "checkpoints" / f"ckpt-{stopped:08d}.h5", {})
+    assert ckpt.table_grads.shape == (WORKERS, 301) and np.array_equal(ckpt.params, first[-1])
+    # each entry is some holder's minibatch gradient at its version's model, whole (both servers' columns)
+    scheme, problem = make_scheme("pbs", WORKERS, 1, c=3, replication=2), _quadratic()
+    sent = {i: sum(m[0] == i for r in records for m in r["messages"]) for i in range(WORKERS)}
+    for part, version in enumerate(ckpt.table_versions):
+        candidates = [problem.loss_and_grad(first[version], part, scheme.draw_index(count, slot))[1]
+                      for i in range(WORKERS) for slot in range(2) if scheme.placement[i][slot] == part
+                      for count in range(slot, sent[i] + 4, 2)]
+        assert min(np.abs(ckpt.table_grads[part] - g).max() for g in candidates) < 1e-12, part
+    proc = run_train(WORKERS + 3, [*args, "--servers", "3", "--steps", str(stopped + 6), "--resume", "latest",
+                                   "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = np.load(out / "params.npy")
+    assert len(resumed) == 7 and np.abs(resumed - _pbs_replay(steps_of(out)[stopped:], start=ckpt)).max() < 1e-10
