@@ -164,6 +164,16 @@ def test_pbs_on_k_servers_is_the_one_server_rule_on_rank_0_s_arrival_order(tmp_p
         assert [s["steps"] for s in events_of(tmp_path / "run", "summary")[0]["servers"]] == [12] * servers
 
 
+def test_pbs_servers_refuse_what_rank_0_refuses(tmp_path):
+    """Worker 2's gradients turn NaN and worker 0's messages half their size (in every server's
+    part): rank 0 refuses them before its table and the follower drops its copies, so the run is
+    still the one-server rule on rank 0's order (the partitions keep another holder each)."""
+    got = _run(2, "pbs", tmp_path / "run", steps=12, extra=(*PBS, "--fault", "nan:2@3+badsize:0@5"))
+    records = steps_of(tmp_path / "run")
+    refused = {m[0] for r in records for m in r["messages"] if m[5] == "rejected"}
+    assert refused == {0, 2} and np.abs(got - _pbs_replay(records)).max() < 1e-10
+
+
 def test_a_signal_checkpoints_pbs_servers_with_the_whole_table_and_another_k_resumes_it(tmp_path):
     """SIGTERM during a pbs step on 2 servers: the checkpoint holds the whole table, every column
     of it as the arrivals taken so far left it (those of the abandoned step too); 3 servers resume
