@@ -128,9 +128,10 @@ def test_a_missed_deadline_with_fail_ends_every_server(tmp_path):
 PBS = ["--scheme", "pbs", "--replication", "2", "--c", "3", "--delay", "exp:0.01", "--eval-every", "3"]
 
 
-def _pbs_replay(records: list[dict], start=None) -> np.ndarray:
-    """The one-server pbs master's parameters on these arrivals, in this order (sim.replay)."""
-    return np.stack(replay(make_scheme("pbs", WORKERS, 1, c=3, replication=2), _quadratic(), records, lr=0.3,
+def _pbs_replay(records: list[dict], start=None, lr: float = 0.3) -> np.ndarray:
+    """The one-server pbs master's parameters on these arrivals, in this order (sim.replay; it
+    follows --adapt's changes of the learning rate in the records)."""
+    return np.stack(replay(make_scheme("pbs", WORKERS, 1, c=3, replication=2), _quadratic(), records, lr=lr,
                            start=start))
 
 
@@ -138,20 +139,24 @@ def _quadratic() -> Quadratic:
     return Quadratic(WORKERS, samples=120, dim=301, batch_size=5, seed=2)
 
 
-@pytest.mark.parametrize("servers", [1, 3])
-def test_pbs_on_k_servers_is_the_one_server_rule_on_rank_0_s_arrival_order(tmp_path, servers):
+# K = 3 with --adapt and a learning rate large enough for the first probe's bound to halve it
+@pytest.mark.parametrize("servers,lr,adapt", [(1, 0.3, ()), (3, 1.2, ("--adapt",))])
+def test_pbs_on_k_servers_is_the_one_server_rule_on_rank_0_s_arrival_order(tmp_path, servers, lr, adapt):
     """Every server repeats rank 0's arrivals in its order: the parameters after every step are
     one pbs master's on that order, and the diagnostics summed over the shards are the whole
-    vector's (||g_hat||^2, the displacement, and at a probe L_hat and the stale cosine)."""
-    got = _run(servers, "pbs", tmp_path / "run", steps=12, extra=tuple(PBS))
+    vector's (||g_hat||^2, the displacement, and at a probe L_hat and the stale cosine); --adapt's
+    learning rate, decided on rank 0, is every shard's."""
+    got = _run(servers, "pbs", tmp_path / "run", steps=12, extra=(*PBS, "--lr", str(lr), *adapt))
     records = steps_of(tmp_path / "run")
     assert sum(len(r["messages"]) for r in records) > len(records)  # the order mattered
-    assert np.abs(got - _pbs_replay(records)).max() < 1e-10
+    assert np.abs(got - _pbs_replay(records, lr=lr)).max() < 1e-10
+    assert any("lr" in r for r in records) == bool(adapt)
     problem = _quadratic()
     for r in records:
         t = r["step"]
+        lr = r.get("lr", lr)
         versions = [t - age for age in r["ages"] if age >= 0]
-        assert r["grad_norm_sq"] == pytest.approx(np.sum(((got[t] - got[t + 1]) / 0.3) ** 2), rel=1e-8)
+        assert r["grad_norm_sq"] == pytest.approx(np.sum(((got[t] - got[t + 1]) / lr) ** 2), rel=1e-8)
         assert r["displaced_entries"] == len(versions)
         assert r["displacement"] == pytest.approx(np.mean([np.sum((got[t] - got[v]) ** 2) for v in versions]),
                                                   rel=1e-8, abs=1e-300)
