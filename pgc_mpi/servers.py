@@ -62,7 +62,8 @@ if TYPE_CHECKING:  # a worker imports this module for shard_bounds: it must not 
 
 # rank 0's orders to the other servers (transport.LeaderLink.order); the last three with pbs only
 COMMIT, GATHER, GATHER_STATE, END, ARRIVAL, ANSWER, DECODE = 1, 2, 3, 4, 5, 6, 7
-# the orders a pbs follower carries out in sequence (FollowerControl.next_event); the others act at once
+# the orders a pbs follower's step loop carries out in sequence (FollowerControl.next_event), with
+# the gathers in their place among them; the others act as soon as they are read
 EVENTS = (ARRIVAL, ANSWER, DECODE)
 
 
