@@ -22,20 +22,21 @@ reference's, the final test accuracy, and how many runs reached the target.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from pgc_mpi.metrics import read_metrics
 from pgc_mpi.results import run_completed, summarize_run
 from pgc_mpi.stats import interval
 from pgc_mpi.wire import WIRE_DTYPES
 
-# a start that fails before the first step is started again: on the emulated cluster Slurm's pmi2
-# plugin now and then misreads MPICH's start-up exchange (README, Across nodes); a real one may
-# lose a node at start
+# a start that fails or hangs before the first step is started again: on the emulated cluster
+# Slurm's pmi2 plugin now and then misreads MPICH's start-up exchange (README, Across nodes), more
+# often behind shaped links; a real cluster may lose a node at start
 START_ATTEMPTS = 3
 LINK_SCRIPT = Path(__file__).resolve().parent.parent / "launch" / "slurm" / "multinode-link.sh"
 
@@ -72,31 +73,53 @@ def run(args: argparse.Namespace, nodes: list[str], servers: int, wire: str, see
     hosts = nodes[:servers] + [n for n in nodes[spare:] for _ in range(args.workers_per_node)]
     hostfile = out.with_suffix(".hosts")
     hostfile.write_text("\n".join(hosts) + "\n")
-    cmd = ["srun", "--mpi=pmi2", "-N", str(len(set(hosts))), "-n", str(len(hosts)), "--distribution=arbitrary",
-           "-t", str(max(1, args.timeout // 60)), sys.executable, "-m", "pgc_mpi", "train", *args.train_args,
+    cmd = ["srun", "--mpi=pmi2", "--job-name", f"slow-link-{out.name}",
+           "-N", str(len(set(hosts))), "-n", str(len(hosts)), "--distribution=arbitrary",
+           "-t", str(max(1, args.timeout // 60) + 1), sys.executable, "-m", "pgc_mpi", "train", *args.train_args,
            "--servers", str(servers), "--wire-dtype", wire, "--seed", str(seed), "--overwrite", "--out", str(out)]
     env = {**os.environ, "SLURM_HOSTFILE": str(hostfile), "OMP_NUM_THREADS": "1"}
     log = out.with_suffix(".log")
     for attempt in range(1, START_ATTEMPTS + 1):
-        with log.open("w") as sink:
-            try:
-                code = subprocess.run(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                      timeout=args.timeout + 60).returncode
-            except subprocess.TimeoutExpired:
-                code = "a timeout"
+        code = _run_once(cmd, env, log, args)
         if code == 0:
             return
         if steps_of(out):  # it trained and then failed: not a start-up failure, nothing to retry
             break
+        if attempt == START_ATTEMPTS:
+            break
+        kept = log.rename(log.with_name(f"{log.name}.failed{attempt}"))
         print(f"slow_link.py: {out.name} failed before its first step ({code}; start {attempt} of "
-              f"{START_ATTEMPTS}), output in {log}", file=sys.stderr)
-    raise SystemExit(f"slow_link.py: the run {out.name} failed (exit {code}); its output: {log}")
+              f"{START_ATTEMPTS}), output in {kept}", file=sys.stderr)
+    raise SystemExit(f"slow_link.py: the run {out.name} failed ({code}); its output: {log}")
+
+
+def _run_once(cmd: list[str], env: dict, log: Path, args: argparse.Namespace) -> int | str:
+    """One srun of the run: its exit status, or why it was cancelled (no first step within
+    --start-timeout: hung in MPI_Init; or longer than --timeout)."""
+    out = Path(cmd[cmd.index("--out") + 1])
+    name = cmd[cmd.index("--job-name") + 1]
+    began = time.monotonic()
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            waited = time.monotonic() - began
+            why = ("no first step after --start-timeout" if waited > args.start_timeout and not steps_of(out)
+                   else "longer than --timeout" if waited > args.timeout else None)
+            if why:
+                subprocess.run(["scancel", "--name", name], timeout=30)
+                proc.wait(timeout=120)
+                return why
+            time.sleep(1)
+    return proc.returncode
 
 
 def steps_of(out: Path) -> int:
     """How many step records the run in `out` has written."""
     metrics = out / "metrics.jsonl"
-    return sum("event" not in r for r in read_metrics(metrics)) if metrics.is_file() else 0
+    if not metrics.is_file():
+        return 0
+    whole = metrics.read_text().split("\n")[:-1]  # the lines written so far, not one being written
+    return sum("event" not in json.loads(line) for line in whole if line.strip())
 
 
 def main() -> None:
@@ -110,6 +133,8 @@ def main() -> None:
     p.add_argument("--rate", help="shape every emulated node's link to this rate each way (e.g. 100mbit): root, "
                                   "on the emulated cluster's host only")
     p.add_argument("--timeout", type=int, default=600, help="seconds one run may take")
+    p.add_argument("--start-timeout", type=int, default=120,
+                   help="seconds a run may take to its first step before it counts as hung at start")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--reuse", action="store_true", help="keep the runs in --out that completed; run only the others")
     argv = sys.argv[1:]
