@@ -35,8 +35,9 @@ from pgc_mpi.stats import interval
 from pgc_mpi.wire import WIRE_DTYPES
 
 # a start that fails or hangs before the first step is started again: on the emulated cluster
-# Slurm's pmi2 plugin now and then misreads MPICH's start-up exchange (README, Across nodes), more
-# often behind shaped links; a real cluster may lose a node at start
+# Slurm's pmi2 plugin now and then misreads MPICH's start-up exchange (README, Across nodes; in
+# the runs of docs/BENCHMARKS.md §16, 0 of 20 starts once and 9 of 15 another time); a real
+# cluster may lose a node at start
 START_ATTEMPTS = 3
 LINK_SCRIPT = Path(__file__).resolve().parent.parent / "launch" / "slurm" / "multinode-link.sh"
 

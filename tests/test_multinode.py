@@ -351,9 +351,9 @@ def test_a_shaped_link_carries_no_more_than_its_rate_each_way(cluster):
 
 def test_the_slow_link_benchmark_runs_every_variant_on_the_same_workers(cluster, tmp_path):
     """benchmarks/slow_link.py as docs/BENCHMARKS.md §16 runs it, shortened and on unshaped links
-    (multinode-link.sh has its own test; shaped links made Slurm's pmi2 start-up failure, which
-    the benchmark retries, more frequent): both variants run on the same workers (node3), each
-    server alone on its node, and the table has their rows."""
+    (multinode-link.sh has its own test, and a start-up exchange slowed by a shaped link is one
+    more chance for Slurm's pmi2 failure, which the benchmark retries): both variants run on the
+    same workers (node3), each server alone on its node, and the table has their rows."""
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "slow_link.py"), "--variants", "1:float32",
                            "2:bfloat16", "--seeds", "0", "--target-loss", "2.0", "--timeout", "240",
