@@ -74,19 +74,18 @@ def run(args: argparse.Namespace, nodes: list[str], servers: int, wire: str, see
     hosts = nodes[:servers] + [n for n in nodes[spare:] for _ in range(args.workers_per_node)]
     hostfile = out.with_suffix(".hosts")
     hostfile.write_text("\n".join(hosts) + "\n")
-    cmd = ["srun", "--mpi=pmi2", "--job-name", f"slow-link-{out.name}",
+    name = f"slow-link-{out.name}"  # the job name: a hung start is cancelled by it
+    cmd = ["srun", "--mpi=pmi2", "--job-name", name,
            "-N", str(len(set(hosts))), "-n", str(len(hosts)), "--distribution=arbitrary",
            "-t", str(max(1, args.timeout // 60) + 1), sys.executable, "-m", "pgc_mpi", "train", *args.train_args,
            "--servers", str(servers), "--wire-dtype", wire, "--seed", str(seed), "--overwrite", "--out", str(out)]
     env = {**os.environ, "SLURM_HOSTFILE": str(hostfile), "OMP_NUM_THREADS": "1"}
     log = out.with_suffix(".log")
     for attempt in range(1, START_ATTEMPTS + 1):
-        code = _run_once(cmd, env, log, args)
+        code = _run_once(cmd, env, log, out, name, args)
         if code == 0:
             return
-        if steps_of(out):  # it trained and then failed: not a start-up failure, nothing to retry
-            break
-        if attempt == START_ATTEMPTS:
+        if trained(out) or attempt == START_ATTEMPTS:  # trained and then failed: no start-up failure to retry
             break
         kept = log.rename(log.with_name(f"{log.name}.failed{attempt}"))
         print(f"slow_link.py: {out.name} failed before its first step ({code}; start {attempt} of "
@@ -94,17 +93,16 @@ def run(args: argparse.Namespace, nodes: list[str], servers: int, wire: str, see
     raise SystemExit(f"slow_link.py: the run {out.name} failed ({code}); its output: {log}")
 
 
-def _run_once(cmd: list[str], env: dict, log: Path, args: argparse.Namespace) -> int | str:
-    """One srun of the run: its exit status, or why it was cancelled (no first step within
-    --start-timeout: hung in MPI_Init; or longer than --timeout)."""
-    out = Path(cmd[cmd.index("--out") + 1])
-    name = cmd[cmd.index("--job-name") + 1]
-    began = time.monotonic()
+def _run_once(cmd: list[str], env: dict, log: Path, out: Path, name: str, args: argparse.Namespace) -> int | str:
+    """One srun of the run (job `name`, writing to `out`): its exit status, or why it was cancelled
+    (no first step within --start-timeout: hung in MPI_Init; or longer than --timeout)."""
+    began, started = time.monotonic(), False
     with log.open("w") as sink:
         proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
         while proc.poll() is None:
             waited = time.monotonic() - began
-            why = ("no first step after --start-timeout" if waited > args.start_timeout and not steps_of(out)
+            started = started or (waited > args.start_timeout and trained(out))  # read no more once it has
+            why = ("no first step after --start-timeout" if waited > args.start_timeout and not started
                    else "longer than --timeout" if waited > args.timeout else None)
             if why:
                 subprocess.run(["scancel", "--name", name], timeout=30)
@@ -114,13 +112,13 @@ def _run_once(cmd: list[str], env: dict, log: Path, args: argparse.Namespace) ->
     return proc.returncode
 
 
-def steps_of(out: Path) -> int:
-    """How many step records the run in `out` has written."""
+def trained(out: Path) -> bool:
+    """Whether the run in `out` has written a step record."""
     metrics = out / "metrics.jsonl"
     if not metrics.is_file():
-        return 0
+        return False
     whole = metrics.read_text().split("\n")[:-1]  # the lines written so far, not one being written
-    return sum("event" not in json.loads(line) for line in whole if line.strip())
+    return any("event" not in json.loads(line) for line in whole if line.strip())
 
 
 def main() -> None:

@@ -253,13 +253,20 @@ class FollowerControl:
         waiting for it; None once rank 0 ended the run before step `step`."""
         backoff = Backoff(self.link.poll_interval)
         while not self.stop_signal(step):
-            while self._events:
-                order = self._events.popleft()
-                if order[0] not in (GATHER, GATHER_STATE):
-                    return order
-                self._gathers.append((order[1], order[0] == GATHER_STATE))
-                self._pump()  # answers it
+            if (order := self._next_event()) is not None:
+                return order
             backoff.sleep()
+        return None
+
+    def _next_event(self) -> tuple[int, int, int, int] | None:
+        """pbs: the first queued order that is not a gather, the gathers queued before it answered
+        in their place (None: none queued)."""
+        while self._events:
+            order = self._events.popleft()
+            if order[0] not in (GATHER, GATHER_STATE):
+                return order
+            self._gathers.append((order[1], order[0] == GATHER_STATE))
+            self._pump()  # answers it
         return None
 
     def may_update(self, step: int, lr: float) -> bool:
@@ -297,11 +304,8 @@ class FollowerControl:
         backoff = Backoff(self.link.poll_interval)
         while self.ended is None:
             self._pump()
-            while self._events:  # pbs: only gathers can follow the last step
-                kind, steps, _, _ = self._events.popleft()
-                if kind in (GATHER, GATHER_STATE):
-                    self._gathers.append((steps, kind == GATHER_STATE))
-                    self._pump()
+            while self._next_event() is not None:  # pbs: only gathers can follow the last step
+                pass
             backoff.sleep()
 
 

@@ -63,19 +63,25 @@ def test_one_and_three_servers_give_one_trajectory_and_split_the_bytes(tmp_path)
     assert max(s["bytes_received"] for s in servers) < 0.36 * steps_of(tmp_path / "k1")[-1]["bytes_received"]
 
 
+def _stopped_by_sigterm(ranks: int, args: list[str], out, after: int) -> int:
+    """Start a run, send it SIGTERM once it has recorded `after` steps (or after 60 s), check it
+    stopped as asked (exit status 3), and return the steps its summary says it made."""
+    job = start_train(ranks, args, out)
+    until = time.monotonic() + 60
+    while time.monotonic() < until and len(steps_of(out)) < after:
+        time.sleep(0.2)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=60)
+    assert job.returncode == 3, err[-3000:]
+    return events_of(out, "summary")[-1]["steps"]
+
+
 def test_a_signal_stops_every_server_at_the_same_step(tmp_path):
     """SIGTERM mid-run: rank 0 abandons the step in progress and checkpoints the whole vector,
     which another number of servers resumes into the one trajectory of an uninterrupted run."""
     args = ["--scheme", "dgd", "--servers", "2", *PROBLEM, "--delay", "fixed:0:0.02", "--optimizer", "momentum"]
     out = tmp_path / "run"
-    job = start_train(WORKERS + 2, [*args, "--steps", "100000"], out)
-    until = time.monotonic() + 60
-    while time.monotonic() < until and len(steps_of(out)) < 10:
-        time.sleep(0.2)
-    job.send_signal(signal.SIGTERM)
-    _, err = job.communicate(timeout=60)
-    assert job.returncode == 3, err[-3000:]
-    stopped = events_of(out, "summary")[-1]["steps"]
+    stopped = _stopped_by_sigterm(WORKERS + 2, [*args, "--steps", "100000"], out, after=10)
     assert stopped >= 10 and (out / "checkpoints" / f"ckpt-{stopped:08d}.h5").exists()
     steps = stopped + 3
     proc = run_train(WORKERS + 3, [*args, "--servers", "3", "--steps", str(steps), "--resume", "latest",
@@ -185,14 +191,7 @@ def test_a_signal_checkpoints_pbs_servers_with_the_whole_table_and_another_k_res
     it into the one-server rule on their arrivals."""
     args = [*PROBLEM, *PBS]
     out = tmp_path / "run"
-    job = start_train(WORKERS + 2, ["--servers", "2", *args, "--steps", "100000"], out)
-    until = time.monotonic() + 60
-    while time.monotonic() < until and len(steps_of(out)) < 8:
-        time.sleep(0.2)
-    job.send_signal(signal.SIGTERM)
-    _, err = job.communicate(timeout=60)
-    assert job.returncode == 3, err[-3000:]
-    stopped = events_of(out, "summary")[-1]["steps"]
+    stopped = _stopped_by_sigterm(WORKERS + 2, ["--servers", "2", *args, "--steps", "100000"], out, after=8)
     records = steps_of(out)[:stopped]
     first = np.load(out / "params.npy")
     assert stopped >= 8 and np.abs(first - _pbs_replay(records)).max() < 1e-10
