@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from pgc_mpi import shm
@@ -79,7 +80,6 @@ def start_train(ranks: int, args: list[str], out: Path, wait: float = 90) -> sub
     """Start `mpiexec -n RANKS python -m pgc_mpi train ARGS --out OUT` in the background (bounded by
     MPIEXEC_TIMEOUT) and return once its first step record is in OUT/metrics.jsonl (or `wait`
     seconds have passed). The caller signals or waits for it and reads its pipes."""
-    import time
 
     cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "pgc_mpi", "train", *args, "--out", str(out)]
     proc = subprocess.Popen(cmd, env=mpi_env(120), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -99,6 +99,15 @@ def slurm_job_state(env: dict, job: str) -> str:
     if proc.returncode == 0:
         return proc.stdout.strip()
     return "" if "Invalid job id" in proc.stderr else "UNKNOWN"
+
+
+def slurm_release_requeued(env: dict, job: str, *updates: str) -> None:
+    """Start a requeued job now instead of after Slurm's hold (its credential lifetime, 120 s), with
+    any other `scontrol update` fields (e.g. "TimeLimit=5"). The requeue revoked the job's credential
+    on every node, and a node refuses a new one made within the same second (Slurm compares whole
+    seconds: "Job credential revoked", or srun's "failed to send temp kvs"), so it waits a few first."""
+    time.sleep(3)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now", *updates], env=env, check=True, timeout=30)
 
 
 def slurm_job_gone(env: dict, job: str) -> bool:

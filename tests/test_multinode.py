@@ -22,7 +22,7 @@ import pytest
 
 from pgc_mpi.run_folder import checkpoint_name
 
-from helpers import events_of, run_train, slurm_job_gone, slurm_job_state, steps_of
+from helpers import events_of, run_train, slurm_job_gone, slurm_job_state, slurm_release_requeued, steps_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_DIR = ROOT / "launch" / "slurm"
@@ -305,6 +305,12 @@ def _step_lines(run: Path) -> int:
     return sum("step_time" in r for r in _written(run))
 
 
+def _node_state(env: dict, node: str) -> str:
+    """The node's state as sinfo shows it ("idle", "idle*" when it does not answer, "down", ...)."""
+    return subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], env=env, capture_output=True, text=True,
+                          timeout=30).stdout.strip()
+
+
 def _link(env: dict, node: int, state: str) -> None:
     subprocess.run([str(SLURM_DIR / "multinode-exec.sh"), str(node), "ip", "link", "set", "eth0", state], env=env,
                    check=True, timeout=30)
@@ -394,18 +400,22 @@ def test_a_node_that_drops_off_the_network_is_handled_like_hung_workers(cluster,
                          60, log)[0]
         assert time.monotonic() - signalled < 30  # no wait for node3's workers: the abort ends the job
         assert (run / "checkpoints" / checkpoint_name(stopped["steps"])).is_file()
-        _until("the requeue", lambda: "requeueing job" in log.read_text(), 90, log)
         without = [r for r in steps_of(run) if r["step"] >= dropped + 5]
         assert without and all(not {2, 3} & set(r["used"]) for r in without)  # decoded from node2's workers
     finally:
+        # node3 comes back before the job requeues itself, so Slurm's kill of the old start reaches it
+        # at once: a kill that node3 missed is resent later and, the requeued job keeping its id, would
+        # kill the new start's workers on node3 (seen in CI)
         _link(env, 3, "up")
+    _until("the requeue", lambda: "requeueing job" in log.read_text(), 90, log)
     # had Slurm declared node3 dead (a slow machine), it would wait for an admin (or a reboot) to return it
-    if "down" in subprocess.run(["sinfo", "-h", "-n", "node3", "-o", "%T"], env=env, capture_output=True, text=True,
-                                timeout=30).stdout:
+    if "down" in _node_state(env, "node3"):
         subprocess.run(["scontrol", "update", "NodeName=node3", "State=RESUME"], env=env, check=True, timeout=30)
-    # Slurm holds a requeued job back for a while; once node3 has cleaned up the old start, release it
-    _until("the old start cleaned up", lambda: slurm_job_state(env, job) == "PENDING", 180, log)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True, timeout=30)
+    # Slurm holds a requeued job back for a while; once node3 has cleaned up the old start and answers
+    # again ("idle", not "completing" or "idle*"), release it
+    _until("the old start cleaned up",
+           lambda: slurm_job_state(env, job) == "PENDING" and _node_state(env, "node3") == "idle", 180, log)
+    slurm_release_requeued(env, job)
     _until("the requeued job's end", lambda: slurm_job_gone(env, job), 240, log)
     subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
     assert [r["status"] for r in events_of(run, "summary")] == ["completed"], log.read_text()[-3000:]

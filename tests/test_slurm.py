@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import events_of, slurm_job_gone, steps_of
+from helpers import events_of, slurm_job_gone, slurm_release_requeued, steps_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_DIR = ROOT / "launch" / "slurm"
@@ -189,9 +189,8 @@ def test_a_job_longer_than_its_time_limit_requeues_itself_and_resumes_until_done
     job, the requeued job (same id, same folder) resumes it with --resume auto and completes it.
 
     Two things are shortened, not emulated: Slurm holds a requeued job for its credential lifetime
-    (cred_expire, 120 s) before starting it again, which the test cuts short with StartTime=now
-    (a few seconds after the requeue: a start within the requeue's second is refused with "Job
-    credential revoked"); and the second allocation gets a 5-minute limit, so that the test ends
+    (cred_expire, 120 s) before starting it again, which the test cuts short (slurm_release_requeued);
+    and the second allocation gets a 5-minute limit, so that the test ends
     after 2 allocations instead of as many as the machine's load makes it need."""
     steps = 800  # 0.1 s each (--compute-time): the warning always comes before the run is done
     env = {k: v for k, v in slurm.items() if k not in ("PGC_OUT", "PGC_ARGS")}
@@ -215,9 +214,7 @@ def test_a_job_longer_than_its_time_limit_requeues_itself_and_resumes_until_done
     done_before = len(steps_of(run))
     assert 0 < done_before < steps
 
-    time.sleep(5)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now", "TimeLimit=5"], env=env, check=True,
-                   timeout=30)
+    slurm_release_requeued(env, job, "TimeLimit=5")
     final = _wait_for_job(env, job, lambda f: f.get("JobState") not in ACTIVE, until, "the resumed run", log)
     ended = time.monotonic()
     output = log.read_text()
