@@ -80,14 +80,12 @@ def start_train(ranks: int, args: list[str], out: Path, wait: float = 90) -> sub
     """Start `mpiexec -n RANKS python -m pgc_mpi train ARGS --out OUT` in the background (bounded by
     MPIEXEC_TIMEOUT) and return once its first step record is in OUT/metrics.jsonl (or `wait`
     seconds have passed). The caller signals or waits for it and reads its pipes."""
-
     cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "pgc_mpi", "train", *args, "--out", str(out)]
     proc = subprocess.Popen(cmd, env=mpi_env(120), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     until = time.monotonic() + wait
     while time.monotonic() < until and not ((out / "metrics.jsonl").exists() and steps_of(out)):
         time.sleep(0.2)
     return proc
-
 
 
 def slurm_job_state(env: dict, job: str) -> str:

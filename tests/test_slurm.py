@@ -190,8 +190,8 @@ def test_a_job_longer_than_its_time_limit_requeues_itself_and_resumes_until_done
 
     Two things are shortened, not emulated: Slurm holds a requeued job for its credential lifetime
     (cred_expire, 120 s) before starting it again, which the test cuts short (slurm_release_requeued);
-    and the second allocation gets a 5-minute limit, so that the test ends
-    after 2 allocations instead of as many as the machine's load makes it need."""
+    and the second allocation gets a 5-minute limit, so that the test ends after 2 allocations
+    instead of as many as the machine's load makes it need."""
     steps = 800  # 0.1 s each (--compute-time): the warning always comes before the run is done
     env = {k: v for k, v in slurm.items() if k not in ("PGC_OUT", "PGC_ARGS")}
     began = time.monotonic()
