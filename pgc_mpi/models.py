@@ -16,16 +16,17 @@ eval mode.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from .choices import DTYPE_NAMES, MODELS
-from .datasets import ArraySource, H5Source, open_dataset
 from .errors import ConfigError
-from .sampling import minibatch_positions, partition_indices
+from .parts import ModelLike, ProblemParts, parts_from_names
+from .sampling import draw_seed, minibatch_positions, partition_indices
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # the torch dtype of each name config accepts
 CALIBRATION_SAMPLES = 4096
@@ -87,6 +88,25 @@ def build_model(name: str, sample_shape: tuple[int, ...], outputs: int) -> nn.Mo
     raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
 
 
+def make_module(model: ModelLike, sample_shape: tuple[int, ...], outputs: int, label: str = "") -> nn.Module:
+    """The model of a problem: built by name, the module given, or what a zero-argument factory
+    returns (called now: the caller seeds torch first)."""
+    if isinstance(model, str):
+        return build_model(model, sample_shape, outputs)
+    if isinstance(model, nn.Module):
+        return model
+    label = label or getattr(model, "__qualname__", "the model factory")
+    try:
+        module = model()
+    except Exception as exc:  # noqa: BLE001 - the user's factory
+        text = str(exc).strip().splitlines()
+        raise ConfigError(f"model factory {label} failed: {type(exc).__name__}: {text[0] if text else ''}") from None
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"model factory {label} returned {type(module).__name__}, not a torch.nn.Module: "
+                          f"return the model")
+    return module
+
+
 class FlatParams:
     """A module's parameters and gradients as views into one contiguous buffer each."""
 
@@ -143,58 +163,117 @@ class FlatParams:
 class TorchProblem:
     """A torch model trained on a data source: the Problem protocol of problems.py.
 
-    Only the partitions in `partitions` (all when None) are read from the source, once; the
-    test split and the training split used for evaluation are read on first evaluate().
+    `model`: a built-in name, an nn.Module or a zero-argument factory (pgc_mpi.parts); `loss`: a
+    callable loss(output, target), the mean over the minibatch (None: cross-entropy for integer
+    labels, half the mean squared error for floating-point targets); `metrics`: name -> callable
+    metric(output, target) over a whole split, reported in evaluate() as train_<name>, test_<name>.
+
+    Only the partitions in `partitions` (all when None) are read from the source: at once from
+    arrays and HDF5 files, a minibatch at a time from a lazy source (a torch Dataset). The test
+    split and the training split used for evaluation are read on first evaluate(). A source with
+    no test split is evaluated on its training split only.
     """
 
     optimum = None
 
-    def __init__(self, model: str | nn.Module, source: ArraySource | H5Source, n: int, batch_size: int | None,
+    def __init__(self, model: ModelLike, source: Any, n: int, batch_size: int | None,
                  seed: int = 0, dtype: str = "float32", partitions: Iterable[int] | None = None,
                  eval_train: bool = True, device: torch.device | None = None, staged: bool | None = None,
-                 pinned: bool | None = None):
+                 pinned: bool | None = None, loss: Callable | None = None,
+                 metrics: Mapping[str, Callable] | None = None, model_label: str = ""):
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if source.info.num_test == 0 and not eval_train:
+            raise ConfigError("--no-eval-train evaluates on the test split only, and this data has none: give "
+                              "test data, or leave evaluations on the training data")
+        if isinstance(model, str) and source.info.task == "classification" and source.info.num_classes == 0:
+            source.count_classes()  # a Dataset without `classes`: a built-in model needs their number
         info = source.info
         self.info, self.source, self.dtype = info, source, DTYPES[dtype]
         self.device = torch.device("cpu") if device is None else device
         self.regression = info.task == "regression"
+        self.user_loss, self.metric_fns = loss, dict(metrics or {})
         torch.manual_seed(seed)
         outputs = 1 if self.regression else info.num_classes
-        self.module = build_model(model, info.sample_shape, outputs) if isinstance(model, str) else model
+        self.module = make_module(model, info.sample_shape, outputs, model_label)
         self.flat = FlatParams(self.module, self.dtype, self.device, staged, pinned)
         self.has_buffers = any(True for _ in self.module.buffers())
         self.dim = self.flat.dim
-        self.batch_size, self.seed, self.eval_train = batch_size, seed, eval_train
+        self.batch_size, self.seed, self.eval_train = batch_size, seed, eval_train or info.num_test == 0
         self.partitions = partition_indices(info.num_train, n, seed)
-        wanted = range(n) if partitions is None else sorted(set(partitions))
-        self._local = {j: self._tensors(*source.read_train(self.partitions[j])) for j in wanted}
+        self.stored = range(n) if partitions is None else sorted(set(partitions))
+        self.lazy = getattr(source, "lazy", False)
+        self._local = {} if self.lazy else {j: self._tensors(*source.read_train(self.partitions[j]))
+                                            for j in self.stored}
         self._eval: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._initial = self.flat.values.copy()
         self._check_fit()
 
-    def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.from_numpy(np.asarray(x)).to(self.device, self.dtype),
-                torch.from_numpy(np.asarray(y)).to(self.device, self.dtype if self.regression else torch.int64))
+    def _tensors(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features in the model's dtype (integer ones, such as token ids, stay int64) and targets:
+        int64 labels, or floating-point targets in the model's dtype."""
+        x, y = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x), torch.as_tensor(
+            np.asarray(y) if not isinstance(y, torch.Tensor) else y)
+        integer_x = not x.is_floating_point() and x.dtype not in (torch.uint8, torch.bool)
+        return (x.to(self.device, torch.int64 if integer_x else self.dtype),
+                y.to(self.device, torch.int64 if not self.regression else self.dtype))
 
     def _check_fit(self) -> None:
-        """One forward pass on a sample: a model that does not fit the data fails here, clearly."""
-        x = torch.zeros((2, *self.info.sample_shape), dtype=self.dtype, device=self.device)
+        """A forward pass and the loss on two training samples: a model that does not fit the data,
+        a loss that fails on its output or sums instead of averaging, fails here with one line."""
+        x, y = self._tensors(*self.source.read_train(np.arange(min(2, self.info.num_train))))
         try:
             with torch.no_grad():
                 self.module.eval()
-                self.module(x)
-        except RuntimeError as exc:
+                out = self.module(x)
+        except (RuntimeError, ValueError, TypeError, IndexError) as exc:
             raise ConfigError(f"the model does not fit samples of shape {list(self.info.sample_shape)}: "
-                              f"{str(exc).splitlines()[0]}") from None
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
         finally:
             self.module.train()
+        if not isinstance(out, torch.Tensor):
+            raise ConfigError(f"the model returns {type(out).__name__}, not a tensor: return the output tensor")
+        if self.user_loss is None:
+            self._check_default_loss(out)
+            return
+        with torch.no_grad():
+            once = self._loss_value(out, y)
+            twice = self._loss_value(torch.cat([out, out]), torch.cat([y, y]))
+        if abs(once) > 1e-12 and abs(twice / once - 2) < 1e-3:
+            raise ConfigError(f"the loss sums over the minibatch (twice the samples gave twice the loss, {once:.4g} -> "
+                              f"{twice:.4g}); return the mean (reduction='mean'): decoding weights every partition's "
+                              f"mean gradient")
+
+    def _check_default_loss(self, out: torch.Tensor) -> None:
+        if self.regression and out.numel() != out.shape[0]:
+            raise ConfigError(f"the model's output has shape {list(out.shape[1:])} per sample; the default regression "
+                              f"loss needs one value per sample: give a loss for this output")
+        if not self.regression and (out.ndim != 2 or out.shape[1] < self.info.num_classes):
+            raise ConfigError(f"the model's output has shape {list(out.shape[1:])} per sample, but the data has "
+                              f"{self.info.num_classes} classes: the default cross-entropy loss needs "
+                              f"[{self.info.num_classes}] logits per sample (or give a loss for this output)")
+
+    def _loss_value(self, out: torch.Tensor, y: torch.Tensor) -> float:
+        """The user's loss on (out, y) as a float, its failures as one-line ConfigErrors."""
+        try:
+            value = self.user_loss(out, y)
+        except Exception as exc:  # noqa: BLE001 - the user's loss
+            text = str(exc).strip().splitlines()
+            raise ConfigError(f"the loss fails on the model's output of shape {list(out.shape)} and targets of shape "
+                              f"{list(y.shape)}: {type(exc).__name__}: {text[0] if text else ''}") from None
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ConfigError(f"the loss must return a scalar tensor (the mean over the minibatch), got {shape}")
+        return float(value)
 
     def initial_params(self) -> np.ndarray:
         """The seeded initial parameters (a copy)."""
         return self._initial.copy()
 
     def _loss(self, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        if self.user_loss is not None:  # a mean over the batch (checked): the sum is it times the batch
+            mean = self.user_loss(out, y)
+            return mean if reduction == "mean" else mean * len(y)
         if self.regression:  # (1/2) squared error, as problems.LeastSquares
             return 0.5 * nn.functional.mse_loss(out.squeeze(1), y, reduction=reduction)
         return nn.functional.cross_entropy(out, y, reduction=reduction)
@@ -213,12 +292,23 @@ class TorchProblem:
     def minibatch_loss(self, partition: int, draw: int, module: nn.Module | None = None) -> torch.Tensor:
         """The mean loss of the partition's `draw`-th minibatch at the current parameters, ready for
         backward(). The forward pass goes through `module`: this problem's model (None) or a wrapper
-        of it, such as the DistributedDataParallel of the ddp baseline (pgc_mpi.ddp)."""
-        if partition not in self._local:
-            raise KeyError(f"partition {partition} is not stored here (stored: {sorted(self._local)})")
+        of it, such as the DistributedDataParallel of the ddp baseline (pgc_mpi.ddp). torch's
+        generator is seeded from (seed, partition, draw) first: random transforms and dropout draw
+        the same on every holder of the partition."""
+        if partition not in self.stored:
+            raise KeyError(f"partition {partition} is not stored here (stored: {list(self.stored)})")
+        torch.manual_seed(draw_seed(self.seed, partition, draw))
+        x, y = self._minibatch(partition, draw)
+        return self._loss((self.module if module is None else module)(x), y)
+
+    def _minibatch(self, partition: int, draw: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.partitions[partition]
+        if self.lazy:  # read just this minibatch's rows
+            return self._tensors(*self.source.read_train(
+                rows[minibatch_positions(len(rows), self.batch_size, draw, self.seed, partition)]))
         x, y = self._local[partition]
         pos = torch.from_numpy(minibatch_positions(len(y), self.batch_size, draw, self.seed, partition)).to(y.device)
-        return self._loss((self.module if module is None else module)(x[pos]), y[pos])
+        return x[pos], y[pos]
 
     def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
         """The gradient of loss_and_grad."""
@@ -226,8 +316,9 @@ class TorchProblem:
 
     def probe_grad(self, w: np.ndarray) -> np.ndarray:
         """The mean-loss gradient at w on a fixed minibatch of the test split (the first
-        --batch-size samples): the validation minibatch pbs's diagnostics compare models on."""
-        x, y = self._split("test")
+        --batch-size samples; of the training split where there is no test split): the
+        validation minibatch pbs's diagnostics compare models on."""
+        x, y = self._split("test" if self.info.num_test else "train")
         rows = slice(0, self.batch_size or len(y))
         self._load(w)
         self.module.train()
@@ -261,38 +352,53 @@ class TorchProblem:
         return self._eval["calibration"]
 
     @torch.no_grad()
-    def _metrics(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-        """Mean loss and accuracy over every sample, the last incomplete batch included."""
+    def _metrics(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """Mean loss, accuracy (classification) and the user's metrics over every sample, the last
+        incomplete batch included."""
         self.module.eval()
-        total, correct = 0.0, 0
+        total, correct, logits, outputs = 0.0, 0, not self.regression, []
         for start in range(0, len(y), EVAL_BATCH):
             out = self.module(x[start:start + EVAL_BATCH])
             yb = y[start:start + EVAL_BATCH]
             total += float(self._loss(out, yb, reduction="sum"))
-            if not self.regression:
+            logits = logits and out.ndim == 2  # accuracy: of classification models that output logits
+            if logits:
                 correct += int((out.argmax(dim=1) == yb).sum())
+            if self.metric_fns:
+                outputs.append(out)
         self.module.train()
-        return total / max(len(y), 1), correct / max(len(y), 1)
+        found = {"loss": total / max(len(y), 1)}
+        if logits:
+            found["accuracy"] = correct / max(len(y), 1)
+        if outputs:
+            found.update(self._user_metrics(torch.cat(outputs), y))
+        return found
+
+    def _user_metrics(self, out: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        found = {}
+        for name, metric in self.metric_fns.items():
+            value = metric(out, y)
+            found[name] = float(value.item() if isinstance(value, torch.Tensor) else value)
+        return found
 
     def loss(self, w: np.ndarray) -> float:
         """Mean training loss over every training sample."""
         self._load(w)
         if self.has_buffers:
             self._recalibrate()
-        return self._metrics(*self._split("train"))[0]
+        return self._metrics(*self._split("train"))["loss"]
 
     def evaluate(self, w: np.ndarray) -> dict[str, float]:
-        """Test loss and accuracy (and training loss and accuracy with eval_train), over every sample."""
+        """Test loss and accuracy (and training loss and accuracy with eval_train), and the
+        user's metrics, over every sample."""
         self._load(w)
         if self.has_buffers:
             self._recalibrate()
         out = {}
-        splits = ("train", "test") if self.eval_train else ("test",)
+        splits = (("train",) if self.eval_train else ()) + (("test",) if self.info.num_test else ())
         for split in splits:
-            loss, acc = self._metrics(*self._split(split))
-            out[f"{split}_loss"] = loss
-            if not self.regression:
-                out[f"{split}_accuracy"] = acc
+            for name, value in self._metrics(*self._split(split)).items():
+                out[f"{split}_{name}"] = value
         return out
 
     def _load(self, w: np.ndarray) -> None:
@@ -301,16 +407,26 @@ class TorchProblem:
         self.flat.push()
 
 
-def load_problem(dataset: str, model: str | nn.Module, n: int, batch_size: int | None, *, seed: int = 0,
+def problem_of(parts: ProblemParts, n: int, batch_size: int | None, *, seed: int = 0, dtype: str = "float32",
+               partitions: Iterable[int] | None = None, eval_train: bool = True,
+               device: torch.device | None = None) -> TorchProblem:
+    """The torch problem of `parts` cut into n partitions (of which `partitions`, None: all, are
+    read), seeded, on `device` (None: the CPU): what every command and pgc_mpi.fit build."""
+    if parts.source.info.num_train < n:
+        raise ConfigError(f"data set {parts.source.info.name!r} has {parts.source.info.num_train} training samples, "
+                          f"fewer than the {n} partitions (one per worker): use fewer workers or a larger data set")
+    return TorchProblem(parts.model, parts.source, n, batch_size, seed=seed, dtype=dtype, partitions=partitions,
+                        eval_train=eval_train, device=device, loss=parts.loss, metrics=parts.metrics,
+                        model_label=parts.model_label)
+
+
+def load_problem(dataset: str, model: ModelLike, n: int, batch_size: int | None, *, seed: int = 0,
                  dtype: str = "float32", partitions: Iterable[int] | None = None, eval_train: bool = True,
-                 verify: bool = True, device: torch.device | None = None) -> TorchProblem:
-    """The problem pgc-train's ranks and pgc-sim build from --dataset, --model, --batch-size, --dtype and
-    --seed: `dataset` (a built-in name or an HDF5 file, its checksum checked with `verify`) cut into n
-    partitions, of which `partitions` (None: all) are read, and the seeded `model`, computed on
-    `device` (None: the CPU)."""
-    source = open_dataset(dataset, seed, verify_checksum=verify)
-    if source.info.num_train < n:
-        raise ConfigError(f"data set {source.info.name!r} has {source.info.num_train} training samples, fewer than "
-                          f"the {n} partitions (one per worker): use fewer workers or a larger data set")
-    return TorchProblem(model, source, n, batch_size, seed=seed, dtype=dtype, partitions=partitions,
-                        eval_train=eval_train, device=device)
+                 verify: bool = True, device: torch.device | None = None, loss: str | None = None) -> TorchProblem:
+    """The problem pgc-train's ranks and pgc-sim build from --dataset, --model, --loss, --batch-size,
+    --dtype and --seed: `dataset` (a built-in name, an HDF5 file whose checksum is checked with
+    `verify`, or PATH:NAME) cut into n partitions, of which `partitions` (None: all) are read, and
+    the seeded `model` (a built-in name or PATH:NAME), computed on `device` (None: the CPU)."""
+    parts = parts_from_names(model, dataset, loss, seed, verify)
+    return problem_of(parts, n, batch_size, seed=seed, dtype=dtype, partitions=partitions, eval_train=eval_train,
+                      device=device)

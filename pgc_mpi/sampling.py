@@ -37,3 +37,11 @@ def minibatch_positions(size: int, batch_size: int | None, draw: int, seed: int,
     epoch, k = divmod(draw, per_pass)
     perm = np.random.default_rng([seed, partition, epoch, 0xB47C]).permutation(size)
     return np.sort(perm[k * batch_size:(k + 1) * batch_size])
+
+
+def draw_seed(seed: int, partition: int, draw: int) -> int:
+    """The seed of torch's generator while the `draw`-th minibatch of `partition` is read and
+    computed: a random transform or dropout then draws the same on every worker that holds the
+    partition, so gradient coding's copies agree and decoding stays exact."""
+    state = np.random.SeedSequence([seed, partition, draw, 0x70C4]).generate_state(1, np.uint64)[0]
+    return int(state >> np.uint64(1))
