@@ -18,6 +18,8 @@ __version__ = "0.1.0"
 # name -> module that defines it (imported when the name is first used)
 _LAZY = {
     "TrainConfig": "config",
+    "fit": "fitting",
+    "FitResult": "fitting",
     "SimConfig": "config",
     "simulate": "sim",
     "replay": "sim",

@@ -54,13 +54,16 @@ class Checkpoint:
 
 
 def run_identity(scheme, dim: int, *, dtype: str, model: str | None, dataset: str | None, seed: int,
-                 optimizer: str, problem: str | None = None, samples: int | None = None) -> dict[str, Any]:
+                 optimizer: str, problem: str | None = None, samples: int | None = None,
+                 loss: str | None = None) -> dict[str, Any]:
     """What a checkpoint must match to be resumed by a run: the scheme's shape, the model and the
     data (or the synthetic problem and its samples: dim is there already), the dtype, the seed
     (everything random in a run follows from the seed) and the optimizer (its state has a
     different shape for each)."""
     identity = {"scheme": scheme.name, "n": scheme.n, "s": scheme.s, "c": scheme.c, "dim": dim, "dtype": dtype}
     kind = {"model": model, "dataset": dataset} if problem is None else {"problem": problem, "samples": samples}
+    if loss is not None:  # a run's own loss (absent from runs with the default, and from older checkpoints)
+        kind["loss"] = loss
     return {**identity, **kind, "seed": seed, "optimizer": optimizer}
 
 

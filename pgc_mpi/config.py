@@ -33,6 +33,7 @@ from .devices import DEVICE_CHOICES
 from .errors import ConfigError
 from .faults import KINDS as FAULT_KINDS
 from .faults import parse_faults
+from .plugins import is_spec
 from .problems import PROBLEMS
 from .schemes import FR_DECODE_RULES, ON_STALE, SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
 from .stragglers import USAGE as DELAY_USAGE
@@ -66,6 +67,18 @@ def refuse_mixed_problem(synthetic: list[str], torch: list[str]) -> None:
     if synthetic and torch:
         raise ConfigError(f"{', '.join(synthetic)} (a synthetic problem) and {' and '.join(torch)} (a torch model "
                           f"on a data set) exclude each other: give one kind or the other")
+
+
+def check_plugin_names(model: object, loss: object) -> None:
+    """--model: a built-in name or PATH:NAME; --loss: PATH:NAME or none (what they name is imported
+    and checked when the problem is built: pgc_mpi.parts)."""
+    if not (model in MODELS or is_spec(model)):
+        raise ConfigError(f"--model {model!r} is neither a built-in model ({', '.join(MODELS)}) nor PATH:NAME (a "
+                          f"module like mypkg.nets or a file like ./nets.py, a colon, and a model factory in it)")
+    if loss is not None and not is_spec(loss):
+        raise ConfigError(f"--loss {loss!r} is not PATH:NAME (a module like mypkg.losses or a file like "
+                          f"./losses.py, a colon, and a loss(output, target) function in it); leave it out for "
+                          f"the default loss")
 
 
 def available_cores() -> int:
@@ -226,6 +239,7 @@ class TrainConfig(CoreConfig):
     batch_size: int | None = None
     dataset: str | None = None
     model: str | None = None
+    loss: str | None = None
     problem: str | None = None
     samples: int | None = None
     dim: int | None = None
@@ -350,10 +364,11 @@ class TrainConfig(CoreConfig):
             if given:
                 raise ConfigError(f"{' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to a "
                                   f"synthetic problem: give --problem ({', '.join(PROBLEMS)}) too")
-            _choice("model", self.model, MODELS)
+            check_plugin_names(self.model, self.loss)
             return
         refuse_mixed_problem([f"--problem {self.problem}"], [f"--{name} {getattr(self, name)}" for name in
-                                                             ("model", "dataset") if getattr(self, name) is not None])
+                                                             ("model", "dataset", "loss")
+                                                             if getattr(self, name) is not None])
         _choice("problem", self.problem, tuple(PROBLEMS))
         _positive_int("dim", self.dim)
         _positive_int("samples", self.samples)
@@ -497,8 +512,14 @@ _HELP = {
     "wire_dtype": f"number format of the gradient messages: {', '.join(WIRE_DTYPES)}; workers round their coded "
                   "gradient to it, the master widens and accumulates in --dtype (models travel in --dtype)",
     "batch_size": "minibatch size per partition gradient",
-    "dataset": f"built-in data set ({', '.join(BUILTIN_DATASETS)}) or an HDF5 file made by `python -m data_prep`",
-    "model": f"model: {', '.join(MODELS)}",
+    "dataset": f"built-in data set ({', '.join(BUILTIN_DATASETS)}), an HDF5 file made by `python -m data_prep`, or "
+               f"PATH:NAME, your data: a module (mypkg.data) or file (./data.py) and a function in it returning a "
+               f"torch "
+               f"Dataset or (x, y) arrays, or a (train, test) pair of them",
+    "model": f"model: {', '.join(MODELS)}, or PATH:NAME, your own: a module (mypkg.nets) or file (./nets.py) and a "
+             f"zero-argument function or nn.Module class in it that builds the model",
+    "loss": "PATH:NAME of your loss(output, target) -> scalar tensor, the mean over the minibatch (a module or "
+            "file, a colon, a function or nn.Module loss class)",
     "problem": f"train a synthetic problem instead of a torch model, and import no torch on the workers: "
                f"{', '.join(PROBLEMS)} (quadratic has no data matrix: millions of parameters, many ranks)",
     "samples": "--problem: training samples (split into the partitions)",
@@ -546,6 +567,7 @@ _NONE_DEFAULT = {
     "batch_size": f"{DEFAULT_BATCH_SIZE}; with --problem the whole partition",
     "dataset": f"{DEFAULT_DATASET}, unless --problem",
     "model": f"{DEFAULT_MODEL}, unless --problem",
+    "loss": "cross-entropy for integer labels, half the mean squared error for floating-point targets",
     "problem": "none, a torch --model on a --dataset",
     "samples": f"{SYNTHETIC_DEFAULTS['samples']} with --problem",
     "dim": f"{SYNTHETIC_DEFAULTS['dim']} with --problem",
@@ -642,8 +664,8 @@ def _arg_type(annotation: str):
     return str
 
 
-def _coerce(name: str, value: Any, annotation: str) -> Any:
-    """Check a TOML value's type against the field's annotation."""
+def _coerce(name: str, value: Any, annotation: str, what: str = "config key") -> Any:
+    """Check a TOML value's (or a keyword's, `what`) type against the field's annotation."""
     optional = "None" in annotation
     if value is None and optional:
         return None
@@ -660,7 +682,7 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
         ok = isinstance(value, str)
     if not ok:
         want = annotation.split(" ")[0]
-        raise ConfigError(f"config key {name!r} must be of type {want}, got {value!r}")
+        raise ConfigError(f"{what} {name!r} must be of type {want}, got {value!r}")
     return value
 
 
@@ -685,6 +707,24 @@ def load_toml(path: Path) -> dict[str, Any]:
             raise ConfigError(f"--config {path}: unknown key {key!r}; valid keys: {', '.join(sorted(types))}")
         out[name] = _coerce(key, value, types[name])
     return out
+
+
+def config_from_options(options: Mapping[str, Any], where: str = "pgc_mpi.fit") -> TrainConfig:
+    """A TrainConfig from keywords named like its fields (pgc_mpi.fit's), checked for unknown names
+    and types as a TOML file's keys are (`config` names a TOML file whose values they override);
+    not yet validated against a world size."""
+    types = {f.name: f.type for f in fields(TrainConfig)}
+    values: dict[str, Any] = {}
+    if options.get("config") is not None:
+        values.update(load_toml(Path(options["config"])))
+    for name, value in options.items():
+        if name == "config":
+            continue
+        if name not in types:
+            raise ConfigError(f"{where}: unknown option {name!r}; the options are pgc-train's, spelled with _: "
+                              f"{', '.join(sorted(types))}")
+        values[name] = _coerce(name, value, types[name], f"{where} option")
+    return TrainConfig(**values)
 
 
 def config_from_args(argv: list[str]) -> TrainConfig:

@@ -22,8 +22,11 @@ def mpi_loads() -> bool:
     return True
 
 
-def train() -> None:
-    """Run pgc-train (does not return: it finalizes MPI and exits)."""
+def prepare_process(prog: str = "pgc-train") -> None:
+    """What a training process does before MPI starts (pgc-train, and pgc_mpi.fit in a user's
+    script): fault tracebacks on, stop signals recorded, an MPI library that loads (else one
+    line and exit status 2), and stale MPICH segments of killed jobs removed while MPI is not
+    yet initialized (a user's script may have imported mpi4py.MPI already: then not)."""
     import faulthandler
 
     from . import shm, signals
@@ -31,10 +34,16 @@ def train() -> None:
     faulthandler.enable()  # a crash in native code (torch, MPI) still says where it happened
     signals.install()
     if not mpi_loads():
-        print(MPI_MISSING, file=sys.stderr)
+        print(MPI_MISSING.replace("pgc-train", prog), file=sys.stderr)
         sys.exit(2)
     # before MPI_Init: a segment a killed MPI job left on this node would hang it (see pgc_mpi.shm)
-    shm.report_stale(shm.remove_stale())
+    if "mpi4py.MPI" not in sys.modules:
+        shm.report_stale(shm.remove_stale())
+
+
+def train() -> None:
+    """Run pgc-train (does not return: it finalizes MPI and exits)."""
+    prepare_process()
     from .train import cli
 
     cli()

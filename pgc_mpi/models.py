@@ -199,6 +199,8 @@ class TorchProblem:
         self.flat = FlatParams(self.module, self.dtype, self.device, staged, pinned)
         self.has_buffers = any(True for _ in self.module.buffers())
         self.dim = self.flat.dim
+        # the parameters' shapes in order: every rank must build the same (pgc_mpi.train checks)
+        self.param_shapes = [tuple(p.shape) for p in self.module.parameters()]
         self.batch_size, self.seed, self.eval_train = batch_size, seed, eval_train or info.num_test == 0
         self.partitions = partition_indices(info.num_train, n, seed)
         self.stored = range(n) if partitions is None else sorted(set(partitions))
@@ -400,6 +402,10 @@ class TorchProblem:
             for name, value in self._metrics(*self._split(split)).items():
                 out[f"{split}_{name}"] = value
         return out
+
+    def set_params(self, w: np.ndarray) -> None:
+        """Make `w` (a flat parameter vector) the model's parameters."""
+        self._load(w)
 
     def _load(self, w: np.ndarray) -> None:
         if w is not self.flat.values:

@@ -18,6 +18,8 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -41,11 +43,14 @@ from .worker import WorkerSettings, run_worker
 EXIT_DIVERGED = 4
 
 
-def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = False, plan: DevicePlan | None = None):
+def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = False, plan: DevicePlan | None = None,
+             parts=None):
     """The model and data of this rank: a worker's stored partitions, or none for the master.
     `verify`: check the data file's checksum (rank 0 does, once; every rank checks the content).
-    `plan`: the device to compute on (None: the CPU). A synthetic --problem is built whole on every
-    rank, without torch."""
+    `plan`: the device to compute on (None: the CPU). `parts`: a function (cfg, verify) ->
+    pgc_mpi.parts.ProblemParts of the objects pgc_mpi.fit was given (None: --model, --dataset and
+    --loss name them). A synthetic --problem is built
+    whole on every rank, without torch."""
     from .problems import PROBLEMS, with_sampling
 
     if cfg.synthetic:
@@ -53,13 +58,15 @@ def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = Fal
         return with_sampling(problem, cfg.fixed_minibatch)
     import torch
 
-    from .models import load_problem
+    from .models import problem_of
+    from .parts import parts_from_names
 
     torch.set_num_threads(cfg.threads)
+    parts = (parts_from_names(cfg.model, cfg.dataset, cfg.loss, cfg.seed, verify) if parts is None else
+             parts(cfg, verify))
     try:
-        problem = load_problem(cfg.dataset, cfg.model, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype,
-                               partitions=partitions, eval_train=cfg.eval_train, verify=verify,
-                               device=None if plan is None else plan.torch_device())
+        problem = problem_of(parts, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype, partitions=partitions,
+                             eval_train=cfg.eval_train, device=None if plan is None else plan.torch_device())
     except torch.cuda.OutOfMemoryError as exc:
         flag = "--master-device" if plan.role == "master" else "--device"
         raise ConfigError(f"the {cfg.model} model and its data do not fit on {plan.name} "
@@ -68,21 +75,21 @@ def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = Fal
     return with_sampling(problem, cfg.fixed_minibatch)
 
 
-def _configure(argv: list[str], ranks: int) -> TrainConfig:
-    """On rank 0: the configuration from the flags and TOML file, validated for an MPI world of
-    `ranks` ranks, with its output folder settled (run_folder.plan: a folder holding another run
-    is refused; imports no torch)."""
-    cfg = config_from_args(argv)
+def _configure(make_config: Callable[[], TrainConfig], ranks: int) -> TrainConfig:
+    """On rank 0: the configuration `make_config` builds (pgc-train's flags and TOML file, or
+    pgc_mpi.fit's keywords), validated for an MPI world of `ranks` ranks, with its output folder
+    settled (run_folder.plan: a folder holding another run is refused; imports no torch)."""
+    cfg = make_config()
     workers = cfg.workers_of(ranks)
     cfg.validate(workers)
     make_log_dir(cfg.log_dir)
     return run_folder.plan(cfg, workers)
 
 
-def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan) -> tuple:
-    """On rank 0: the master's problem (its data file checked, on its device) and the checkpoint to
-    resume from."""
-    problem = _problem(cfg, workers, partitions=[], verify=cfg.verify_data, plan=plan)
+def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan, parts) -> tuple:
+    """On rank 0: the master's problem (its data file checked, on its device; the user's model,
+    loss and data checked on their first samples) and the checkpoint to resume from."""
+    problem = _problem(cfg, workers, partitions=[], verify=cfg.verify_data, plan=plan, parts=parts)
     shard_bounds(problem.dim, cfg.servers)  # every server must hold a parameter
     resume = None
     if cfg.resume:
@@ -100,7 +107,7 @@ def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan) -> tuple:
     return problem, resume
 
 
-def _outcome(action) -> tuple[int | None, object]:
+def _outcome(action, prog: str = "pgc-train") -> tuple[int | None, object]:
     """(None, what `action()` returns), or (the exit status, None) when it failed: rank 0 sets the run
     up alone, and whatever it raises must reach every rank as an exit status, or they wait forever."""
     try:
@@ -108,14 +115,14 @@ def _outcome(action) -> tuple[int | None, object]:
     except SystemExit as exc:  # --help, or a flag argparse rejected (it printed the message)
         return exc.code if isinstance(exc.code, int) else 2, None
     except PgcError as exc:
-        _say(f"pgc-train: error: {exc}")
+        _say(f"{prog}: error: {exc}")
         return 2, None
     except Exception as exc:  # noqa: BLE001 - any exception: see the docstring
-        _say(f"pgc-train: error: {_one_line(exc)} while setting up the run")
+        _say(f"{prog}: error: {_one_line(exc)} while setting up the run")
         if os.environ.get("PGC_DEBUG"):
             traceback.print_exc()
         else:
-            _say("pgc-train: (set PGC_DEBUG=1 for the traceback)")
+            _say(f"{prog}: (set PGC_DEBUG=1 for the traceback)")
         return 1, None
 
 
@@ -136,12 +143,34 @@ def _identity(cfg: TrainConfig, scheme, dim: int) -> dict:
     from .checkpoint import run_identity
 
     return run_identity(scheme, dim, dtype=cfg.dtype, model=cfg.model, dataset=cfg.dataset, seed=cfg.seed,
-                        optimizer=cfg.optimizer, problem=cfg.problem, samples=cfg.samples)
+                        optimizer=cfg.optimizer, problem=cfg.problem, samples=cfg.samples, loss=cfg.loss)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pgc-train` (run it under mpiexec/srun with N+1 ranks)."""
     argv = sys.argv[1:] if argv is None else argv
+    return run_job(lambda: config_from_args(argv), argv)
+
+
+@dataclass
+class JobOutcome:
+    """What rank 0 keeps of a run for pgc_mpi.fit: the summary record, the final parameters and
+    the master's problem (None on the other ranks, and after a failed start)."""
+
+    summary: dict | None = None
+    params: np.ndarray | None = None
+    problem: object = None
+    out: str | None = None
+
+
+def run_job(make_config: Callable[[], TrainConfig], argv: list[str], parts=None, outcome: JobOutcome | None = None,
+            prog: str = "pgc-train") -> int:
+    """Run one training job on every rank of MPI's world (pgc-train, and pgc_mpi.fit): rank 0 builds
+    and checks the configuration with `make_config`, and `parts` (a function (cfg, verify) ->
+    pgc_mpi.parts.ProblemParts, or None: the configuration names them) are the model, loss and
+    data. Returns the exit status;
+    `outcome` receives rank 0's summary and final parameters. `argv`: the command line recorded in
+    config.json's provenance; `prog`: the name in error messages."""
     signals.install()
     comm = duplicate_world()
     # every rank is past MPI_Init (the Dup is a collective): MPICH's start-up segment can go now,
@@ -153,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     # errors are immediate), then the master's data and checkpoint, while the workers import
     # torch (seconds) in the meantime, unless the problem is synthetic (they never do then).
     # (each wait for rank 0 sleeps, wait_for_all: spinning workers would starve it of shared cores)
-    status, cfg = _outcome(lambda: _configure(argv, size)) if rank == 0 else (None, None)
+    status, cfg = _outcome(lambda: _configure(make_config, size), prog) if rank == 0 else (None, None)
     wait_for_all(comm)
     status, value = comm.bcast((status, cfg.to_dict() if cfg is not None else None), root=0)
     if status is not None:
@@ -164,11 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     log = configure_logging(rank, cfg.log_level, cfg.log_dir)
     # every rank picks its device (a collective: the node's ranks count the GPUs out among them);
     # a rank that cannot have the one asked for says why, and every rank then stops
-    status, plan = _outcome(lambda: _select_device(cfg, comm, log))
+    status, plan = _outcome(lambda: _select_device(cfg, comm, log), prog)
     failed = [s for s in comm.allgather(status) if s is not None]
     if failed:
         return int(failed[0])
-    status, state = _outcome(lambda: _prepare(cfg, cfg.workers_of(size), plan)) if rank == 0 else (None, None)
+    status, state = (_outcome(lambda: _prepare(cfg, cfg.workers_of(size), plan, parts), prog) if rank == 0
+                     else (None, None))
     wait_for_all(comm)
     status = comm.bcast(status, root=0)
     if status is not None:
@@ -176,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     hosts = comm.gather(socket.gethostname(), root=0)
     try:
         start = {**provenance.start_record(argv, hosts), "mpi_cuda_aware": cuda_aware_mpi()} if rank == 0 else {}
-        return _train(cfg, state, comm, log, start, plan)
+        return _train(cfg, state, comm, log, start, plan, parts, outcome or JobOutcome(), prog)
     except (PgcError, OSError) as exc:  # e.g. a full disk: one line naming the path is the message
         log.error("%s", exc)
         _record_failure(cfg, rank, str(exc))
@@ -213,10 +243,11 @@ def _record_failure(cfg: TrainConfig, rank: int, reason: str) -> None:
         pass
 
 
-def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan) -> int:
+def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, parts, outcome: JobOutcome,
+           prog: str) -> int:
     wait_for_all(comm)  # rank 0 has been writing its start record (it imports torch and h5py)
     if cfg.scheme in PEER_SCHEMES:
-        return _train_peers(cfg, state, comm, log, start, plan)
+        return _train_peers(cfg, state, comm, log, start, plan, parts, outcome, prog)
     rank, servers = comm.Get_rank(), cfg.servers
     n = cfg.workers_of(comm.Get_size())
     scheme = cfg.make_scheme(n)
@@ -225,7 +256,9 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan) ->
         if len(set(comm.allgather(digest))) != 1:
             raise PgcError("ranks built different encoding matrices (different numpy versions?)")
     problem, resume = (state if rank == 0 else (None, None) if rank < servers else
-                       (_problem(cfg, n, scheme.placement[rank - servers], plan=plan), None))
+                       (_problem(cfg, n, scheme.placement[rank - servers], plan=plan, parts=parts), None))
+    if not _same_model(comm, problem, prog):
+        return 2
     start = _gather_ranks(comm, log, start, plan)
     wire = wire_format(cfg.wire_dtype, cfg.dtype)
     header = gradient_header(buffers_per_message(scheme))
@@ -240,7 +273,31 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan) ->
         return 0
     if rank > 0:
         return _run_follower(cfg, comm, log, scheme, header, wire)
-    return _run_master(cfg, comm, log, scheme, problem, header, wire, resume, start)
+    return _run_master(cfg, comm, log, scheme, problem, header, wire, resume, start, outcome)
+
+
+def _same_model(comm, problem, prog: str) -> bool:
+    """Whether every rank that built a problem built the same parameters (count and shapes, in
+    order; a collective). Rank 0 says which rank differs, in one line, otherwise: a factory that
+    reads something rank-dependent, or files that differ between nodes."""
+    shapes = getattr(problem, "param_shapes", None) if problem is not None else None
+    gathered = comm.gather(shapes, root=0)
+    message = None
+    if comm.Get_rank() == 0:
+        mine = gathered[0]
+        for rank, theirs in enumerate(gathered):
+            if theirs is not None and theirs != mine:
+                message = (f"{prog}: error: rank {rank} built a model with {len(theirs)} parameter tensors "
+                           f"({sum(_count(s) for s in theirs)} numbers), rank 0 one with {len(mine)} "
+                           f"({sum(_count(s) for s in mine)}): every rank must build the same model (a factory "
+                           f"that depends on the rank, or files that differ between nodes?)")
+                _say(message)
+                break
+    return comm.bcast(message, root=0) is None
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape)) if shape else 1
 
 
 def _gather_ranks(comm, log, start: dict, plan: DevicePlan) -> dict:
@@ -295,7 +352,7 @@ def _run_follower(cfg: TrainConfig, comm, log, scheme, header, wire: WireFormat)
 
 
 def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: WireFormat, resume,
-                start: dict) -> int:
+                start: dict, outcome: JobOutcome) -> int:
     from .checkpoint import Checkpointer
     from .master import Master
     from .servers import Leader, server_report
@@ -319,8 +376,9 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: Wire
     servers = None
     if leader is not None and not control.stopped_by:
         servers = [server_report(0, totals, link.bytes_received), *leader.end(totals.steps, cfg.grace)]
-    _close_outputs(cfg, scheme, totals, control, time.monotonic() - began, metrics, progress, master.trajectory,
-                   servers)
+    outcome.summary = _close_outputs(cfg, scheme, totals, control, time.monotonic() - began, metrics, progress,
+                                     master.trajectory, servers)
+    outcome.params, outcome.problem, outcome.out = master.full_params(), problem, cfg.out
     if control.stopped_by:
         # No stop handshake: the abort ends the workers anyway, and a signal often means that
         # part of the job is gone (Slurm cancels a step on a node failure with SIGTERM), where
@@ -349,14 +407,17 @@ def _stop_job(log, signal_name: str) -> NoReturn:
     abort(signals.EXIT_STOPPED)
 
 
-def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan) -> int:
+def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, parts, outcome: JobOutcome,
+                 prog: str) -> int:
     """--scheme ddp (pgc_mpi.ddp): the workers train as a torch.distributed group; rank 0, outside
     it, evaluates and writes the same outputs as the master does."""
     from . import ddp
 
     rank, n = comm.Get_rank(), comm.Get_size() - 1
     scheme = ddp.booking_scheme(n, cfg.seed)
-    problem = state[0] if rank == 0 else _problem(cfg, n, partitions=scheme.placement[rank - 1])
+    problem = state[0] if rank == 0 else _problem(cfg, n, partitions=scheme.placement[rank - 1], parts=parts)
+    if not _same_model(comm, problem, prog):
+        return 2
     start = _gather_ranks(comm, log, start, plan)
     peers = ddp.connect(comm, problem)
     if rank > 0:
@@ -367,8 +428,9 @@ def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePl
     monitor = ddp.Monitor(cfg, peers, scheme, problem, metrics, progress)
     control = _control(cfg, out, monitor.evaluate, metrics)
     totals = monitor.run(control)
-    _close_outputs(cfg, scheme, totals, control, time.monotonic() - monitor.began, metrics, progress,
-                   monitor.trajectory)
+    outcome.summary = _close_outputs(cfg, scheme, totals, control, time.monotonic() - monitor.began, metrics,
+                                     progress, monitor.trajectory)
+    outcome.params, outcome.problem, outcome.out = monitor.params.copy(), problem, cfg.out
     if control.stopped_by:  # the workers are still in their loop: the abort ends them (status 3: requeue)
         metrics.close()
         _stop_job(log, control.stopped_by)
@@ -409,9 +471,9 @@ def _control(cfg: TrainConfig, out: Path, evaluate, metrics: MetricsWriter, serv
 
 
 def _close_outputs(cfg: TrainConfig, scheme, totals, control, wall: float, metrics: MetricsWriter, progress: Progress,
-                   trajectory: list[np.ndarray], servers: list[dict] | None = None) -> None:
+                   trajectory: list[np.ndarray], servers: list[dict] | None = None) -> dict:
     """Rank 0's outputs at the end of every run: the summary record (with --servers, what each
-    server received), params.npy and the printed report."""
+    server received), params.npy and the printed report. Returns the summary."""
     progress.close()
     summary = _summary(totals, control, wall, metrics.path, scheme.n)
     if servers is not None:
@@ -420,6 +482,7 @@ def _close_outputs(cfg: TrainConfig, scheme, totals, control, wall: float, metri
     if cfg.record_params:
         np.save(Path(cfg.out) / "params.npy", np.stack(trajectory))
     _report(cfg, scheme, summary, control.last_eval, Path(cfg.out))
+    return summary
 
 
 def _summary(totals, control, wall: float, metrics_path: Path, workers: int) -> dict:
