@@ -29,6 +29,7 @@ _LAZY = {
     "Quadratic": "problems",
     "FlatParams": "models",
     "TorchProblem": "models",
+    "torch_problem": "models",
     "open_dataset": "datasets",
     "DelayModel": "stragglers",
     "write_trace": "stragglers",

@@ -50,6 +50,7 @@ from typing import Any, NamedTuple
 from .choices import BUILTIN_DATASETS, PEER_SCHEMES
 from .config import TrainConfig, tomllib
 from .errors import ConfigError, PgcError
+from .plugins import is_spec
 from .results import PAPER_RUN, RunSummary, run_completed, summarize_run
 from .schemes import SCHEME_NAMES
 from .stats import Interval, interval
@@ -164,7 +165,7 @@ def _validate(exp: dict[str, Any], key: RunKey) -> None:
 def check_data(exp: dict[str, Any]) -> None:
     """ConfigError unless every data file the runs name exists (before hours of runs start)."""
     named = {exp["train"].get("dataset")} | {o.get("dataset") for o in exp.get("per_scheme", {}).values()}
-    for dataset in sorted(d for d in named if d is not None and d not in BUILTIN_DATASETS):
+    for dataset in sorted(d for d in named if d is not None and d not in BUILTIN_DATASETS and not is_spec(d)):
         if not Path(dataset).is_file():
             raise ConfigError(f"data file {dataset} does not exist: make it first (python -m data_prep --help) "
                               f"or fix 'dataset' in the experiment file")

@@ -426,6 +426,18 @@ def problem_of(parts: ProblemParts, n: int, batch_size: int | None, *, seed: int
                         model_label=parts.model_label)
 
 
+def torch_problem(model: ModelLike, train_data: Any, *, workers: int, loss: Callable | None = None,
+                  test_data: Any = None, metrics: Any = None, collate_fn: Callable | None = None,
+                  batch_size: int | None = 32, seed: int = 0, dtype: str = "float32",
+                  eval_train: bool = True) -> TorchProblem:
+    """Your model, loss and data as the problem the simulator computes (pgc_mpi.simulate): the
+    arguments mean what they mean in pgc_mpi.fit; the data is cut into `workers` partitions."""
+    from .parts import parts_from_objects
+
+    parts = parts_from_objects(model, train_data, test_data, loss, metrics, collate_fn)
+    return problem_of(parts, workers, batch_size, seed=seed, dtype=dtype, eval_train=eval_train)
+
+
 def load_problem(dataset: str, model: ModelLike, n: int, batch_size: int | None, *, seed: int = 0,
                  dtype: str = "float32", partitions: Iterable[int] | None = None, eval_train: bool = True,
                  verify: bool = True, device: torch.device | None = None, loss: str | None = None) -> TorchProblem:

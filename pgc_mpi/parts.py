@@ -69,7 +69,7 @@ def model_of(obj: object, option: str = "model") -> tuple[ModelLike, str]:
         if not is_spec(obj):
             raise ConfigError(f"--{option} {obj!r} is neither a built-in model ({', '.join(MODELS)}) nor PATH:NAME "
                               f"(a module or .py file, a colon, and a model factory or nn.Module class in it)")
-        found, label = load_object(obj, f"--{option}"), obj
+        found, label, option = load_object(obj, f"--{option}"), obj, f"--{option}"
     else:
         found, label = obj, label_of(obj)
     if isinstance(found, nn.Module):

@@ -223,12 +223,21 @@ class SimWorkers:
         return min(live, default=0)
 
 
-def simulate(cfg: SimConfig, problem: Problem, record_params: bool = False,
-             progress: Callable[[dict], None] | None = None) -> SimResult:
+def simulate(cfg: SimConfig, problem: Problem | None = None, record_params: bool = False,
+             progress: Callable[[dict], None] | None = None, **yours) -> SimResult:
     """Run one scheme on `problem` under the straggler model; deterministic for a given cfg.
 
     The problem is evaluated after every cfg.eval_every-th step and after the last one (also
-    when the run stalls or stops at its target), into result.evals."""
+    when the run stalls or stops at its target), into result.evals. Instead of a problem, give
+    your own torch model and data as pgc_mpi.fit takes them, `model=..., train_data=..., loss=...,
+    test_data=..., metrics=..., collate_fn=..., batch_size=..., dtype=...` (pgc_mpi.torch_problem
+    builds it for cfg.workers workers and cfg.seed)."""
+    if (problem is None) == (not yours):
+        raise TypeError("simulate() takes a problem or your model and data (model=..., train_data=...), one of them")
+    if problem is None:
+        from .models import torch_problem
+
+        problem = torch_problem(workers=cfg.workers, seed=cfg.seed, **yours)
     scheme = cfg.make_scheme(cfg.workers)
     problem = with_sampling(problem, cfg.fixed_minibatch)
     w = problem.initial_params().astype(np.float64)

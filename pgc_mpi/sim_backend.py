@@ -23,7 +23,7 @@ from .errors import ConfigError
 from .metrics import MetricsWriter, write_json
 
 # pgc-train options a simulated run honours besides the shared ones (CORE_FIELDS)
-PROBLEM_OPTIONS = ("dataset", "model", "batch_size", "dtype", "eval_train")
+PROBLEM_OPTIONS = ("dataset", "model", "loss", "batch_size", "dtype", "eval_train")
 SIM_OPTIONS = ("compute_time", "eval_every")
 
 
@@ -50,7 +50,7 @@ def run_simulated(options: dict[str, Any], workers: int, out: Path) -> None:
     problem_options = {k: options.get(k, getattr(defaults, k)) for k in PROBLEM_OPTIONS}
     problem = load_problem(problem_options["dataset"], problem_options["model"], workers,
                            problem_options["batch_size"], seed=cfg.seed, dtype=problem_options["dtype"],
-                           eval_train=problem_options["eval_train"])
+                           eval_train=problem_options["eval_train"], loss=problem_options["loss"])
     scheme = cfg.make_scheme(workers)
     write_json(out / "config.json", {"config": {**dataclasses.asdict(cfg), **problem_options}, "workers": workers,
                                      "backend": "sim", **cfg.scheme_shape(scheme), "parameters": problem.dim})

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .choices import DTYPE_NAMES, MODELS, PEER_SCHEMES
+from .choices import DTYPE_NAMES, PEER_SCHEMES
 from .config import (
     CORE_FIELDS,
     DEFAULT_BATCH_SIZE,
@@ -32,6 +32,7 @@ from .config import (
     _add_field_options,
     add_core_options,
     available_cores,
+    check_plugin_names,
     refuse_mixed_problem,
     show_default,
 )
@@ -51,7 +52,7 @@ SIM_DEFAULTS = {"delay": "exp:1.0", "steps": 200}
 BATCH_SIZE = (None, DEFAULT_BATCH_SIZE)
 EVAL_EVERY = (1, TrainConfig.eval_every)
 SYNTHETIC = {"problem": "least-squares", **SYNTHETIC_DEFAULTS, "target_gap": 1e-3}
-TORCH = {"model": DEFAULT_MODEL, "dataset": DEFAULT_DATASET, "dtype": TrainConfig.dtype,
+TORCH = {"model": DEFAULT_MODEL, "dataset": DEFAULT_DATASET, "loss": None, "dtype": TrainConfig.dtype,
          "eval_train": TrainConfig.eval_train, "verify_data": TrainConfig.verify_data, "threads": TrainConfig.threads}
 
 
@@ -65,6 +66,7 @@ class ProblemChoice:
     dim: int | None
     model: str | None
     dataset: str | None
+    loss: str | None
     batch_size: int | None
     dtype: str | None
     eval_train: bool | None
@@ -88,7 +90,7 @@ class ProblemChoice:
         # threads that spin on busy cores cost several times the compute (measured: 6x CPU at 2 threads)
         torch.set_num_threads(self.threads)
         return load_problem(self.dataset, self.model, workers, self.batch_size, seed=seed, dtype=self.dtype,
-                            eval_train=self.eval_train, verify=verify and self.verify_data)
+                            eval_train=self.eval_train, verify=verify and self.verify_data, loss=self.loss)
 
     def describe(self) -> str:
         return f"{self.model} on {self.dataset}" if self.is_torch else f"{self.synthetic} problem"
@@ -162,7 +164,7 @@ def _add_synthetic_options(group: argparse._ArgumentGroup) -> None:
 def _add_torch_options(group: argparse._ArgumentGroup) -> None:
     # pgc-train's own options and help texts; parsed as None when not given (see _add_synthetic_options)
     train = {f.name: f for f in fields(TrainConfig)}
-    _add_field_options(group, [train["model"], train["dataset"]],
+    _add_field_options(group, [train["model"], train["dataset"], train["loss"]],
                        {"model": f"{TORCH['model']} with --dataset", "dataset": f"{TORCH['dataset']} with --model"},
                        fill_defaults=False)
     group.add_argument("--dtype", default=None,
@@ -178,7 +180,7 @@ def _add_torch_options(group: argparse._ArgumentGroup) -> None:
 
 def problem_from_args(args: argparse.Namespace) -> ProblemChoice:
     """The problem the flags choose (ConfigError for options of the other kind or bad values)."""
-    torch_given = _given(args, ("model", "dataset"))
+    torch_given = _given(args, ("model", "dataset", "loss"))
     synthetic_given = _given(args, ("problem", "samples", "dim"))
     refuse_mixed_problem(synthetic_given, torch_given)
     if args.batch_size is not None and args.batch_size < 1:
@@ -187,24 +189,25 @@ def problem_from_args(args: argparse.Namespace) -> ProblemChoice:
 
 
 def _synthetic_choice(args: argparse.Namespace) -> ProblemChoice:
-    _refuse(args, tuple(name for name in TORCH if name not in ("model", "dataset")),
+    _refuse(args, tuple(name for name in TORCH if name not in ("model", "dataset", "loss")),
             "only to a torch problem (--model/--dataset)")
     values = {name: _or(getattr(args, name), SYNTHETIC[name]) for name in ("problem", "samples", "dim")}
     _positive_ints(values, ("samples", "dim"))
-    return ProblemChoice(values["problem"], values["samples"], values["dim"], None, None, args.batch_size,
+    return ProblemChoice(values["problem"], values["samples"], values["dim"], None, None, None, args.batch_size,
                          None, None, None, None)
 
 
 def _torch_choice(args: argparse.Namespace) -> ProblemChoice:
     values = {name: _or(getattr(args, name), default) for name, default in TORCH.items()}
-    for name, options in (("model", MODELS), ("dtype", DTYPE_NAMES)):
-        if values[name] not in options:
-            raise ConfigError(f"--{name} {values[name]!r} is not one of: {', '.join(options)}")
+    check_plugin_names(values["model"], values["loss"])
+    if values["dtype"] not in DTYPE_NAMES:
+        raise ConfigError(f"--dtype {values['dtype']!r} is not one of: {', '.join(DTYPE_NAMES)}")
     _positive_ints(values, ("threads",))
     if values["threads"] > available_cores():  # torch aborts in native code when asked for too many
         raise ConfigError(f"--threads {values['threads']} is more than the {available_cores()} cores this process "
                           f"may use")
-    return ProblemChoice(None, None, None, values["model"], values["dataset"], _or(args.batch_size, BATCH_SIZE[1]),
+    return ProblemChoice(None, None, None, values["model"], values["dataset"], values["loss"],
+                         _or(args.batch_size, BATCH_SIZE[1]),
                          values["dtype"], values["eval_train"], values["verify_data"], values["threads"])
 
 
