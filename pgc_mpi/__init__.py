@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "TrainConfig": "config",
     "fit": "fitting",
+    "options_from_args": "config",
     "FitResult": "fitting",
     "SimConfig": "config",
     "simulate": "sim",

@@ -632,10 +632,10 @@ def add_core_options(parser: argparse.ArgumentParser, defaults: Mapping[str, Any
     _add_field_options(group, chosen, defaults, fill_defaults)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "pgc-train") -> argparse.ArgumentParser:
     """The pgc-train argument parser; every option defaults to None so a TOML file can fill it."""
     p = argparse.ArgumentParser(
-        prog="pgc-train",
+        prog=prog,
         description="Train a model on an MPI parameter server with a straggler-tolerant scheme. "
                     "Rank 0 is the master, ranks 1..N are workers: mpiexec -n N+1 pgc-train [options]",
     )
@@ -725,6 +725,15 @@ def config_from_options(options: Mapping[str, Any], where: str = "pgc_mpi.fit") 
                               f"{', '.join(sorted(types))}")
         values[name] = _coerce(name, value, types[name], f"{where} option")
     return TrainConfig(**values)
+
+
+def options_from_args(argv: list[str] | None = None, **defaults: Any) -> dict[str, Any]:
+    """pgc_mpi.fit's options from a script's command line (sys.argv[1:]): pgc-train's flags, parsed
+    by its parser, over `defaults`; so that `mpiexec -n 5 python mine.py --steps 50 --resume auto`
+    and a batch script's flags work as with pgc-train. A bad flag: argparse's error, exit status 2."""
+    parser = build_parser(prog=Path(sys.argv[0]).name or "script")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return {**defaults, **{k: v for k, v in vars(args).items() if v is not None}}
 
 
 def config_from_args(argv: list[str]) -> TrainConfig:

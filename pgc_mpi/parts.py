@@ -111,7 +111,8 @@ def metrics_of(obj: object) -> dict[str, Metric]:
                           f"{type(obj).__name__}")
     for name, metric in named.items():
         if not isinstance(name, str) or not name.isidentifier():
-            raise ConfigError(f"metric name {name!r} must be an identifier (it becomes train_{name}, test_{name})")
+            raise ConfigError(f"metric name {name!r} must be an identifier (it becomes train_{name}, test_{name}): "
+                              f"name it, e.g. give metrics as a dict name -> callable")
         _two_arguments(metric, f"metric {name}", "metric(output, target) -> float")
     return named
 

@@ -46,7 +46,12 @@ def run_train(ranks: int, args: list[str], timeout: int = 120, cwd: Path | None 
     However the job ends (finished, stopped, aborted, a rank killed), it must not leave an MPICH
     start-up segment in /dev/shm: a leaked one hangs a later job in MPI_Init (pgc_mpi.shm).
     """
-    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "pgc_mpi", "train", *args]
+    return run_mpi(ranks, ["-m", "pgc_mpi", "train", *args], timeout, cwd)
+
+
+def run_mpi(ranks: int, python_args: list[str], timeout: int = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`mpiexec -n RANKS python PYTHON_ARGS` (a module or a user's script), bounded as run_train's."""
+    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, *python_args]
     before = mpich_segments()
     proc = subprocess.run(cmd, env=mpi_env(timeout), capture_output=True, text=True, timeout=timeout + 30, cwd=cwd)
     leaked = leaked_segments(before)
@@ -80,7 +85,13 @@ def start_train(ranks: int, args: list[str], out: Path, wait: float = 90) -> sub
     """Start `mpiexec -n RANKS python -m pgc_mpi train ARGS --out OUT` in the background (bounded by
     MPIEXEC_TIMEOUT) and return once its first step record is in OUT/metrics.jsonl (or `wait`
     seconds have passed). The caller signals or waits for it and reads its pipes."""
-    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "pgc_mpi", "train", *args, "--out", str(out)]
+    return start_mpi(ranks, ["-m", "pgc_mpi", "train", *args, "--out", str(out)], out, wait)
+
+
+def start_mpi(ranks: int, python_args: list[str], out: Path, wait: float = 90) -> subprocess.Popen:
+    """`mpiexec -n RANKS python PYTHON_ARGS` in the background, returned as start_train's, once the
+    run in OUT has its first step record."""
+    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, *python_args]
     proc = subprocess.Popen(cmd, env=mpi_env(120), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     until = time.monotonic() + wait
     while time.monotonic() < until and not ((out / "metrics.jsonl").exists() and steps_of(out)):

@@ -140,7 +140,7 @@ def test_every_option_shows_exactly_one_default(parser, capsys):
     (["--scheme", "is-gc-fr", "--c", "3"], "needs n divisible by c = 3"),
     (["--c", "2"], "c applies only to is-gc-fr, is-gc-cr and pbs"),
     (["--batch-size", "0"], "--batch-size must be a positive integer"),
-    (["--model", "gpt"], "--model 'gpt' is not one of: logreg"),
+    (["--model", "gpt"], "--model 'gpt' is neither a built-in model (logreg"),
     (["--dtype", "float16"], "--dtype 'float16' is not one of: float32, float64"),
     (["--target-loss", "inf"], "--target-loss must be a finite number"),
     (["--checkpoint-every", "0"], "--checkpoint-every must be a positive integer"),

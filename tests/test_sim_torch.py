@@ -147,7 +147,7 @@ def test_replay_reproduces_a_simulated_torch_run(digits6, scheme):
     (["--target-gap", "0.1", "--target-loss", "1"], "--target-gap and --target-loss exclude each other"),
     (["--dtype", "float64"], "--dtype applies only to a torch problem"),
     (["--no-verify-data", "--no-eval-train"], "--no-eval-train and --no-verify-data apply only to a torch problem"),
-    (["--model", "nope"], "--model 'nope' is not one of: logreg"),
+    (["--model", "nope"], "--model 'nope' is neither a built-in model (logreg"),
     (["--model", "logreg", "--dtype", "float16"], "--dtype 'float16' is not one of"),
     (["--model", "logreg", "--threads", "0"], "--threads must be a positive integer"),
     (["--model", "logreg", "--eval-every", "0"], "--eval-every must be a positive integer"),
