@@ -49,7 +49,8 @@ def run_train(ranks: int, args: list[str], timeout: int = 120, cwd: Path | None 
     return run_mpi(ranks, ["-m", "pgc_mpi", "train", *args], timeout, cwd)
 
 
-def run_mpi(ranks: int, python_args: list[str], timeout: int = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_mpi(ranks: int, python_args: list[str], timeout: int = 120,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`mpiexec -n RANKS python PYTHON_ARGS` (a module or a user's script), bounded as run_train's."""
     cmd = [MPIEXEC, "-n", str(ranks), sys.executable, *python_args]
     before = mpich_segments()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from pgc_mpi.bench import main as bench
 from pgc_mpi.errors import ConfigError
 from pgc_mpi.message import MessageRecord
 from pgc_mpi.message_log import read_steps
+from pgc_mpi.metrics import read_metrics
 from pgc_mpi.plot import main as plot
 from pgc_mpi.results import RunSummary, first_sustained, realized_delays
 from pgc_mpi.stragglers import DelayModel
@@ -216,3 +218,19 @@ def test_waiting_saved_is_the_slowest_job_minus_the_slowest_used_one():
     assert est.seconds == pytest.approx((3.0 - 1.5) + (4.0 - 1.2))
     assert (est.steps, est.steps_complete) == (3, 2)
     assert waiting_saved([{"step": 0, "ages": [0], "messages": []}], 3) is None  # pbs: not estimated
+
+
+@pytest.mark.parametrize("backend", ["sim", "mpi"], ids=["simulated", "under-mpiexec"])
+def test_experiment_files_name_your_model_loss_and_data(tmp_path, backend):
+    """pgc-bench's [train] takes model, loss and dataset as PATH:NAME, simulated or run under MPI."""
+    nets = Path(__file__).resolve().parents[1] / "examples" / "nets.py"
+    exp = tmp_path / "mine.toml"
+    exp.write_text(f'name = "mine"\nworkers = 2\nbackend = "{backend}"\nschemes = ["dgd", "pgc-cr"]\ns = [1]\n'
+                   f'seeds = [0]\n[train]\nsteps = 6\neval_every = 3\ncompute_time = 0.01\n'
+                   f'model = "{nets}:make_model"\nloss = "{nets}:focal_loss"\ndataset = "{nets}:digits"\n')
+    assert bench([str(exp), "--out", str(tmp_path / "out")]) == 0
+    for scheme in ("dgd", "pgc-cr"):
+        run = tmp_path / "out" / f"{scheme}-s1-seed0"
+        config = json.loads((run / "config.json").read_text())
+        assert config["config"]["loss"] == f"{nets}:focal_loss" and config["parameters"] == 2730
+        assert [r for r in read_metrics(run / "metrics.jsonl") if r.get("event") == "summary"][0]["steps"] == 6

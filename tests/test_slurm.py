@@ -265,3 +265,27 @@ def test_script_arguments_reach_pgc_train_intact_and_scancel_does_not_requeue(sl
     output = log.read_text()
     assert final["JobState"] == "CANCELLED" and final["Restarts"] == "0", output[-6000:]
     assert f"output in {out}" in output and "SIGTERM" in output and "requeueing" not in output, output[-6000:]
+
+
+@pytest.mark.timeout(600)
+def test_your_model_through_train_sbatch_as_plugins_and_as_a_script(slurm, tmp_path):
+    """examples/nets.py's model, loss and data as pgc-train --model/--loss/--dataset PATH:NAME, and
+    examples/custom_cnn.py (pgc_mpi.fit) as PGC_SCRIPT: both run by train.sbatch, its flags (the
+    --resume auto and --out it adds among them) reaching them alike."""
+    nets = ROOT / "examples" / "nets.py"
+    env = {k: v for k, v in slurm.items() if k != "PGC_OUT"}
+    plugins = _sbatch(env, tmp_path, "--wait", "-n", "4", "--time=10", "--export=ALL", str(SLURM_DIR / "train.sbatch"),
+                      "--model", f"{nets}:make_model", "--loss", f"{nets}:focal_loss", "--dataset", f"{nets}:digits",
+                      "--steps", "20", "--eval-every", "10", "--out", str(tmp_path / "plugins"))
+    script_env = {**env, "PGC_SCRIPT": str(ROOT / "examples" / "custom_cnn.py")}
+    script = _sbatch(script_env, tmp_path, "--wait", "-n", "5", "--time=10", "--export=ALL",
+                     str(SLURM_DIR / "train.sbatch"), "--steps", "20", "--eval-every", "10", "--out",
+                     str(tmp_path / "script"))
+    logs = "".join(p.read_text() for p in tmp_path.glob("pgc-train-*.out"))
+    assert plugins.returncode == 0 and script.returncode == 0, plugins.stderr + script.stderr + logs[-6000:]
+    for run, workers in (("plugins", 3), ("script", 4)):
+        summary = events_of(tmp_path / run, "summary")[0]
+        assert summary["status"] == "completed" and summary["steps"] == 20
+        config = json.loads((tmp_path / run / "config.json").read_text())
+        assert config["workers"] == workers and config["config"]["model"].endswith("make_model")
+    assert f"python {ROOT / 'examples' / 'custom_cnn.py'} --resume auto" in logs
