@@ -91,13 +91,14 @@ def test_the_flags_win_over_the_checkpoint_s_learning_rate(tmp_path, caplog):
 
 def test_an_unexpected_set_up_error_is_one_line_for_every_rank(monkeypatch, capsys):
     from pgc_mpi import train
+    from pgc_mpi.config import config_from_args
 
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire\nsecond line")
 
     monkeypatch.setattr(train, "_problem", broken)
-    cfg = train._configure(["--steps", "3"], ranks=5)
-    assert train._outcome(lambda: train._prepare(cfg, 4, None)) == (1, None)
+    cfg = train._configure(lambda: config_from_args(["--steps", "3"]), ranks=5)
+    assert train._outcome(lambda: train._prepare(cfg, 4, None, None)) == (1, None)
     err = capsys.readouterr().err
     assert "pgc-train: error: RuntimeError: disk on fire while setting up the run" in err
     assert "Traceback" not in err and "second line" not in err

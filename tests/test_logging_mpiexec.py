@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from pgc_mpi.config import config_from_args
 from pgc_mpi.control import ControlSettings, RunControl
 from pgc_mpi.metrics import MetricsWriter, Progress, _duration, configure_logging, read_metrics
 
@@ -249,7 +250,9 @@ def test_a_log_dir_that_cannot_be_created_is_a_config_error(tmp_path):
 
     (tmp_path / "a-file").touch()
     with pytest.raises(ConfigError, match=r"^--log-dir \S+/a-file/logs: cannot create the directory: Not a directory"):
-        train._configure(["--steps", "3", "--out", str(tmp_path / "run"), "--log-dir", str(tmp_path / "a-file/logs")],
+        train._configure(lambda: config_from_args(["--steps", "3", "--out", str(tmp_path / "run"), "--log-dir",
+                                                   str(tmp_path / "a-file/logs")]),
                          ranks=5)
-    train._configure(["--steps", "3", "--out", str(tmp_path / "run"), "--log-dir", str(tmp_path / "logs")], ranks=5)
+    train._configure(lambda: config_from_args(["--steps", "3", "--out", str(tmp_path / "run"), "--log-dir",
+                                               str(tmp_path / "logs")]), ranks=5)
     assert (tmp_path / "logs").is_dir()
