@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pgc_mpi.stats import interval
+from pgc_mpi.stats import paired_line
 
 # The plug-in: the HDF5 file's arrays behind a plain map-style Dataset (what a user writes).
 PLUGIN = """import os
@@ -96,13 +96,8 @@ def main() -> None:
                 times[name].append(run([*flags, *source, "--seed", str(pair)], tmp / f"{name}-{pair}", args.ranks, h5))
         print(f"{args.model} on {h5.name}, pgc-cr s=1, {args.ranks - 1} workers, {args.steps} steps, {args.pairs} "
               f"pairs (mean [95% interval])")
-        for index, what in ((0, "median step time"), (1, "start-up time")):
-            values = {name: [t[index] for t in times[name]] for name in times}
-            ratio = interval([d / h for d, h in zip(values["dataset"], values["hdf5"])])
-            unit, scale = ("ms", 1e3) if index == 0 else ("s", 1.0)
-            print(f"{what}: hdf5 {scale * np.mean(values['hdf5']):.2f} {unit}, dataset "
-                  f"{scale * np.mean(values['dataset']):.2f} {unit}, dataset/hdf5 {ratio.mean:.3f} "
-                  f"[{ratio.low:.3f}, {ratio.high:.3f}]")
+        for index, what, unit, scale in ((0, "median step time", "ms", 1e3), (1, "start-up time", "s", 1.0)):
+            print(paired_line(what, {name: [t[index] for t in times[name]] for name in times}, unit, scale))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pgc_mpi.stats import interval
+from pgc_mpi.stats import paired_line
 
 ROOT = Path(__file__).resolve().parents[1]
 NETS = ROOT / "examples" / "nets.py"
@@ -80,13 +80,9 @@ def main() -> None:
             for name, command in order if pair % 2 == 0 else order[::-1]:
                 times[name].append(run(command, tmp / f"{name}-{pair}", args.ranks))
         print(f"pgc-cr s=1, {args.ranks - 1} workers, {args.steps} steps, {args.pairs} pairs (mean [95% interval])")
-        for index, what in ((0, "median step time"), (1, "process wall time")):
-            values = {name: [t[index] for t in times[name]] for name in times}
-            ratio = interval([s / c for s, c in zip(values["script"], values["cli"])])
-            unit, scale = ("ms", 1e3) if index == 0 else ("s", 1.0)
-            print(f"{what}: script {scale * np.mean(values['script']):.2f} {unit}, cli "
-                  f"{scale * np.mean(values['cli']):.2f} {unit}, script/cli {ratio.mean:.3f} "
-                  f"[{ratio.low:.3f}, {ratio.high:.3f}]")
+        for index, what, unit, scale in ((0, "median step time", "ms", 1e3), (1, "process wall time", "s", 1.0)):
+            values = {name: [t[index] for t in times[name]] for name in ("cli", "script")}
+            print(paired_line(what, values, unit, scale))
 
 
 if __name__ == "__main__":

@@ -134,3 +134,13 @@ def binomial_two_sided(k: int, n: int) -> float:
     tail = min(k, n - k)
     p = 2 * sum(math.comb(n, i) for i in range(tail + 1)) / 2**n
     return min(1.0, p)
+
+
+def paired_line(what: str, values: dict[str, Sequence[float]], unit: str, scale: float = 1.0) -> str:
+    """One line of a paired A/B benchmark: each variant's mean (times `scale`, in `unit`) and the
+    ratio of the second to the first, taken pair by pair, with its 95% interval. `values` holds
+    two variants in order, {name: one value per pair}."""
+    (a, first), (b, second) = values.items()
+    ratio = interval([y / x for x, y in zip(first, second)])
+    return (f"{what}: {a} {scale * float(np.mean(first)):.2f} {unit}, {b} {scale * float(np.mean(second)):.2f} "
+            f"{unit}, {b}/{a} {ratio.mean:.3f} [{ratio.low:.3f}, {ratio.high:.3f}]")
