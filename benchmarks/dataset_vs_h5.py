@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pgc_mpi.stats import paired_line
+from pgc_mpi.runs.stats import paired_line
 
 # The plug-in: the HDF5 file's arrays behind a plain map-style Dataset (what a user writes).
 PLUGIN = """import os

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pgc_mpi.stats import paired_line
+from pgc_mpi.runs.stats import paired_line
 
 ROOT = Path(__file__).resolve().parents[1]
 NETS = ROOT / "examples" / "nets.py"

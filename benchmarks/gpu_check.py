@@ -20,8 +20,8 @@ import time
 import numpy as np
 import torch
 
-from pgc_mpi.datasets import ArraySource, load_digits
-from pgc_mpi.models import TorchProblem
+from pgc_mpi.learning.datasets import ArraySource, load_digits
+from pgc_mpi.learning.models import TorchProblem
 
 
 def digits_32x32_rgb(seed: int) -> ArraySource:

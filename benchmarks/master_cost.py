@@ -14,7 +14,7 @@ the first step and a worker rank's resident memory.
 With --servers K the runs shard the parameters over K servers (pgc-train --servers): the table is
 then server 0's (rank 0's) own work and bytes, and --fit is refused (the cost model is one master's).
 
-With --fit FILE it then fits the master's cost model to these runs (pgc_mpi.master_cost: each
+With --fit FILE it then fits the master's cost model to these runs (pgc_mpi.sim.master_cost: each
 part linear in N and the model size), writes it to FILE (what pgc-sim --master-cost reads) and
 prints the simulator's step time with that model beside the measured one. --reuse takes the
 runs already in --out instead of running them again.
@@ -33,11 +33,11 @@ from pathlib import Path
 import numpy as np
 
 from pgc_mpi.config import SimConfig
-from pgc_mpi.master_cost import fit, save
-from pgc_mpi.message_log import read_steps
-from pgc_mpi.metrics import MASTER_PARTS
-from pgc_mpi.problems import PROBLEMS
-from pgc_mpi.sim import simulate
+from pgc_mpi.learning.problems import PROBLEMS
+from pgc_mpi.runs.message_log import read_steps
+from pgc_mpi.runs.metrics import MASTER_PARTS
+from pgc_mpi.sim.master_cost import fit, save
+from pgc_mpi.sim.simulator import simulate
 
 WARMUP = 3  # steps left out of the medians: the first models reach workers still starting up
 

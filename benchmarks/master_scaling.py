@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from pgc_mpi.schemes import make_scheme
+from pgc_mpi.core.schemes import make_scheme
 
 
 def best_of(fn, reps: int = 3) -> float:

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from pgc_mpi.config import SimConfig
-from pgc_mpi.message_log import NAME
-from pgc_mpi.metrics import MetricsWriter, _plain, json_line, write_json
-from pgc_mpi.problems import Logistic
-from pgc_mpi.sim import simulate
+from pgc_mpi.learning.problems import Logistic
+from pgc_mpi.runs.message_log import NAME
+from pgc_mpi.runs.metrics import MetricsWriter, _plain, json_line, write_json
+from pgc_mpi.sim.simulator import simulate
 
 
 def measure(scheme: str, args: argparse.Namespace) -> str:

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from pgc_mpi.config import SimConfig
-from pgc_mpi.metrics import read_metrics
-from pgc_mpi.models import load_problem
-from pgc_mpi.sim import SimResult, simulate
+from pgc_mpi.learning.models import load_problem
+from pgc_mpi.runs.metrics import read_metrics
+from pgc_mpi.sim.simulator import SimResult, simulate
 
 
 def mpi_run(args: argparse.Namespace, scheme: str, seed: int, out: Path) -> tuple[list[dict], list[dict]]:

@@ -30,9 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-from pgc_mpi.results import run_completed, summarize_run
-from pgc_mpi.stats import interval
-from pgc_mpi.wire import WIRE_DTYPES
+from pgc_mpi.core.wire import WIRE_DTYPES
+from pgc_mpi.runs.results import run_completed, summarize_run
+from pgc_mpi.runs.stats import interval
 
 # a start that fails or hangs before the first step is started again: on the emulated cluster
 # Slurm's pmi2 plugin now and then misreads MPICH's start-up exchange (README, Across nodes; in

@@ -19,8 +19,8 @@ import argparse
 
 import numpy as np
 
-from pgc_mpi.schemes import make_scheme
-from pgc_mpi.wire import WIRE_DTYPES, wire_format
+from pgc_mpi.core.schemes import make_scheme
+from pgc_mpi.core.wire import WIRE_DTYPES, wire_format
 
 
 def decode_errors(name: str, n: int, s: int, seed: int, dim: int, trials: int, wire: str) -> tuple[list, list]:

@@ -21,10 +21,10 @@ import math
 import statistics
 
 from pgc_mpi.config import SimConfig
-from pgc_mpi.models import load_problem
-from pgc_mpi.sim import simulate
-from pgc_mpi.stats import interval
-from pgc_mpi.wire import WIRE_DTYPES
+from pgc_mpi.core.wire import WIRE_DTYPES
+from pgc_mpi.learning.models import load_problem
+from pgc_mpi.runs.stats import interval
+from pgc_mpi.sim.simulator import simulate
 
 
 def main() -> None:
@@ -65,7 +65,7 @@ def main() -> None:
             steps = [r[0] for r in runs[wire]]
             ratio = [a / b for a, b in zip(steps, reference) if math.isfinite(a) and math.isfinite(b)]
             reached = sum(math.isfinite(v) for v in steps)
-            errors = [e for r in runs[wire] for e in r[3]]  # every step's estimate (pgc_mpi.wire.decode_error)
+            errors = [e for r in runs[wire] for e in r[3]]  # every step's estimate (pgc_mpi.core.wire.decode_error)
             print(f"| {scheme} | {wire} | {interval(steps)} | {interval(ratio)} | "
                   f"{interval([r[1] for r in runs[wire]])} | {interval([r[2] for r in runs[wire]])} "
                   f"| {reached}/{len(steps)} | {statistics.median(errors):.2g} / {max(errors):.2g} |", flush=True)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pgc_mpi.datasets import digits_arrays, split_train_test
 from pgc_mpi.errors import PgcError
-from pgc_mpi.h5format import verify_checksum, write_dataset
+from pgc_mpi.learning.datasets import digits_arrays, split_train_test
+from pgc_mpi.learning.h5format import verify_checksum, write_dataset
 
 from .cifar import read_cifar10
 from .idx import read_idx_pair

@@ -10,36 +10,36 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+from .core.schemes import SCHEME_NAMES, make_scheme
 from .errors import ConfigError, NotDecodable, PgcError, SchemeError
-from .schemes import SCHEME_NAMES, make_scheme
 
 __version__ = "0.1.0"
 
 # name -> module that defines it (imported when the name is first used)
 _LAZY = {
     "TrainConfig": "config",
-    "fit": "fitting",
+    "fit": "runtime.fitting",
     "options_from_args": "config",
-    "FitResult": "fitting",
+    "FitResult": "runtime.fitting",
     "SimConfig": "config",
-    "simulate": "sim",
-    "replay": "sim",
-    "SimResult": "sim",
-    "LeastSquares": "problems",
-    "Logistic": "problems",
-    "Quadratic": "problems",
-    "FlatParams": "models",
-    "TorchProblem": "models",
-    "torch_problem": "models",
-    "open_dataset": "datasets",
-    "DelayModel": "stragglers",
-    "write_trace": "stragglers",
-    "realized_delays": "results",
-    "summarize_run": "results",
-    "read_metrics": "metrics",
-    "read_steps": "message_log",
-    "Message": "message",
-    "MessageRecord": "message",
+    "simulate": "sim.simulator",
+    "replay": "sim.simulator",
+    "SimResult": "sim.simulator",
+    "LeastSquares": "learning.problems",
+    "Logistic": "learning.problems",
+    "Quadratic": "learning.problems",
+    "FlatParams": "learning.models",
+    "TorchProblem": "learning.models",
+    "torch_problem": "learning.models",
+    "open_dataset": "learning.datasets",
+    "DelayModel": "core.stragglers",
+    "write_trace": "core.stragglers",
+    "realized_delays": "runs.results",
+    "summarize_run": "runs.results",
+    "read_metrics": "runs.metrics",
+    "read_steps": "runs.message_log",
+    "Message": "core.message",
+    "MessageRecord": "core.message",
 }
 
 __all__ = [

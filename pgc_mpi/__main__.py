@@ -13,10 +13,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if argv[0] == "sim":
-        from .sim_cli import main as command
+        from .sim.cli import main as command
 
         return command(argv[1:])
-    from .entry import train
+    from .runtime.entry import train
 
     sys.argv = [f"{sys.argv[0]} train", *argv[1:]]
     train()  # does not return: it finalizes MPI and exits

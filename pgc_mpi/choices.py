@@ -8,6 +8,6 @@ DTYPE_NAMES = ("float32", "float64")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 BUILTIN_DATASETS = ("digits",)
 DEADLINE_POLICIES = ("wait", "partial", "fail")
-# Schemes pgc-train runs without the parameter server (pgc_mpi.ddp); not simulated, so not in
-# pgc_mpi.schemes.SCHEME_NAMES (the simulator iterates those).
+# Schemes pgc-train runs without the parameter server (pgc_mpi.runtime.ddp); not simulated, so not in
+# pgc_mpi.core.schemes.SCHEME_NAMES (the simulator iterates those).
 PEER_SCHEMES = ("ddp",)

@@ -20,8 +20,8 @@ def _with_mpi(config: pytest.Config) -> bool:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """A segment a killed MPI job left in /dev/shm hangs a later job in MPI_Init (pgc_mpi.shm)."""
-    from pgc_mpi import shm
+    """A segment a killed MPI job left in /dev/shm hangs a later job in MPI_Init (pgc_mpi.runtime.shm)."""
+    from pgc_mpi.runtime import shm
 
     if not _with_mpi(session.config):
         shm.report_stale(shm.remove_stale())
@@ -30,8 +30,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """The MPI library and mpi4py in use; under --with-mpi, this rank and the world size.
 
-    This imports (so initializes) MPI, which a serial run does anyway: collecting test_transport_mpi.py imports
-    pgc_mpi.transport. Importing it with mpi4py.rc.initialize = False instead would leave MPI uninitialized for good
+    This imports (so initializes) MPI, which a serial run does anyway: collecting test_transport_mpi.py
+    imports pgc_mpi.runtime.transport. Importing it with mpi4py.rc.initialize = False instead would leave MPI
+    uninitialized for good
     in this process, and in-process code that calls MPI later would abort. Measured: the import costs ~0.08 s, the
     initialization ~0.05 s more. A serial run is a singleton with no peers, so its start-up segment is unlinked at
     once (pytest_configure does it under --with-mpi): a killed pytest leaves nothing in /dev/shm.
@@ -40,7 +41,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     from mpi4py import MPI
 
     if not _with_mpi(config):
-        from pgc_mpi import shm
+        from pgc_mpi.runtime import shm
 
         shm.unlink_own_segments()
     library = " ".join(MPI.Get_library_version().splitlines()[0].split())  # "MPICH Version:      5.0.2"
@@ -56,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from mpi4py import MPI
 
-    from pgc_mpi import shm
+    from pgc_mpi.runtime import shm
 
     MPI.COMM_WORLD.Barrier()  # every rank is past MPI_Init: this run leaves no segment behind
     shm.unlink_own_segments()

@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pgc_mpi.bench import RunKey, aggregate, load_experiment, plan, run_options, winners
-from pgc_mpi.bench import main as bench
+from pgc_mpi.commands.bench import RunKey, aggregate, load_experiment, plan, run_options, winners
+from pgc_mpi.commands.bench import main as bench
+from pgc_mpi.commands.plot import main as plot
+from pgc_mpi.core.message import MessageRecord
+from pgc_mpi.core.stragglers import DelayModel
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.message import MessageRecord
-from pgc_mpi.message_log import read_steps
-from pgc_mpi.metrics import read_metrics
-from pgc_mpi.plot import main as plot
-from pgc_mpi.results import RunSummary, first_sustained, realized_delays
-from pgc_mpi.stragglers import DelayModel
+from pgc_mpi.runs.message_log import read_steps
+from pgc_mpi.runs.metrics import read_metrics
+from pgc_mpi.runs.results import RunSummary, first_sustained, realized_delays
 
 EXPERIMENT = ('name = "tiny"\nworkers = 3\nschemes = ["dgd", "pgc-cr", "gc-fr"]\ns = [1]\nseeds = [0, 1]\n'
               'delays = ["exp:0.02", "none"]\ntarget_loss = 1.9\ntimeout = 120\n[train]\nsteps = 12\n'
@@ -154,8 +154,8 @@ def test_who_wins_is_decided_by_the_paired_interval():
 
 def test_the_simulator_backend_writes_runs_the_gather_reads(tmp_path, capsys):
     from pgc_mpi.config import SimConfig
-    from pgc_mpi.models import load_problem
-    from pgc_mpi.sim import simulate
+    from pgc_mpi.learning.models import load_problem
+    from pgc_mpi.sim.simulator import simulate
 
     exp = tmp_path / "sim.toml"
     exp.write_text('name = "sim"\nworkers = 4\nbackend = "sim"\nschemes = ["dgd", "pgc-cr", "ddp"]\ns = [1]\n'
@@ -203,7 +203,7 @@ def test_ratios_to_dgd_are_paired_under_both_rules():
 
 
 def test_waiting_saved_is_the_slowest_job_minus_the_slowest_used_one():
-    from pgc_mpi.results import waiting_saved
+    from pgc_mpi.runs.results import waiting_saved
 
     def msg(worker, step, delay, verdict):  # MessageRecord: worker, step, delay, compute_time, gradients, verdict
         return [worker, step, delay, 1.0, 1, verdict]

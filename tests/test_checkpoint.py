@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from pgc_mpi import checkpoint
-from pgc_mpi.metrics import MetricsWriter, read_metrics
-from pgc_mpi.optim import FlatOptimizer
-from pgc_mpi.schemes import make_scheme
+from pgc_mpi.core.schemes import make_scheme
+from pgc_mpi.learning.optim import FlatOptimizer
+from pgc_mpi.runs import checkpoint
+from pgc_mpi.runs.metrics import MetricsWriter, read_metrics
 
 IDENTITY = {"scheme": "pgc-cr", "n": 4, "s": 1, "c": 2, "dim": 5, "dtype": "float64", "model": "logreg",
             "dataset": "digits"}

@@ -1,14 +1,14 @@
-"""The collectors (pgc_mpi.collector): one interface for coded schemes and pbs, no clock, no MPI."""
+"""The collectors (pgc_mpi.core.collector): one interface for coded schemes and pbs, no clock, no MPI."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pgc_mpi.collector import CodedCollector, DeadlineMissed, TableCollector, make_collector
+from pgc_mpi.core.collector import CodedCollector, DeadlineMissed, TableCollector, make_collector
+from pgc_mpi.core.message import Message
+from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.errors import NotDecodable
-from pgc_mpi.message import Message
-from pgc_mpi.schemes import make_scheme
 
 
 def _msg(step, worker, versions, **kw):

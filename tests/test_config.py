@@ -25,11 +25,11 @@ from pgc_mpi.config import (
     build_parser,
     config_from_args,
 )
+from pgc_mpi.core.stragglers import USAGE
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.sim_cli import build_parser as build_sim_parser
-from pgc_mpi.sim_cli import configs_from_args
-from pgc_mpi.sim_cli import main as sim_main
-from pgc_mpi.stragglers import USAGE
+from pgc_mpi.sim.cli import build_parser as build_sim_parser
+from pgc_mpi.sim.cli import configs_from_args
+from pgc_mpi.sim.cli import main as sim_main
 
 WORKERS = 4  # as under mpiexec -n 5
 
@@ -45,7 +45,7 @@ def _imported_in_a_fresh_interpreter(code: str) -> list[str]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["pgc_mpi.config", "pgc_mpi.sim_cli", "pgc_mpi.bench"])
+@pytest.mark.parametrize("module", ["pgc_mpi.config", "pgc_mpi.sim.cli", "pgc_mpi.commands.bench"])
 def test_configuration_modules_import_neither_torch_nor_mpi4py(module):
     loaded = _imported_in_a_fresh_interpreter(f"import {module}")
     assert "torch" not in loaded and "mpi4py" not in loaded, loaded
@@ -56,8 +56,8 @@ def test_config_errors_and_bench_listings_do_not_import_torch(tmp_path):
     exp = tmp_path / "exp.toml"
     exp.write_text('name = "t"\nworkers = 3\nschemes = ["dgd", "pgc-cr"]\n[train]\nsteps = 5\n')
     loaded = _imported_in_a_fresh_interpreter(f"""
-        from pgc_mpi.bench import main as bench
-        from pgc_mpi.sim_cli import main as sim
+        from pgc_mpi.commands.bench import main as bench
+        from pgc_mpi.sim.cli import main as sim
         assert sim(["-s", "20"]) == 2 and sim(["--on-deadline", "panic"]) == 2
         assert bench([{str(exp)!r}, "--dry-run"]) == 0 and bench([{str(exp)!r}, "--count"]) == 0
     """)
@@ -227,7 +227,7 @@ def flat_h5(tmp_path_factory) -> Path:
 
 
 def test_missing_data_file():
-    from pgc_mpi.datasets import open_dataset
+    from pgc_mpi.learning.datasets import open_dataset
 
     cfg = config_from_args(["--dataset", "/nonexistent.h5"])
     cfg.validate(WORKERS)  # only opening it tells
@@ -236,7 +236,7 @@ def test_missing_data_file():
 
 
 def test_truncated_data_file(tmp_path, flat_h5):
-    from pgc_mpi.datasets import open_dataset
+    from pgc_mpi.learning.datasets import open_dataset
 
     broken = tmp_path / "broken.h5"
     broken.write_bytes(flat_h5.read_bytes()[:2000])
@@ -245,8 +245,8 @@ def test_truncated_data_file(tmp_path, flat_h5):
 
 
 def test_image_model_on_flat_samples(flat_h5):
-    from pgc_mpi.datasets import open_dataset
-    from pgc_mpi.models import TorchProblem
+    from pgc_mpi.learning.datasets import open_dataset
+    from pgc_mpi.learning.models import TorchProblem
 
     cfg = config_from_args(["--dataset", str(flat_h5), "--model", "cnn"])
     cfg.validate(WORKERS)
@@ -255,8 +255,8 @@ def test_image_model_on_flat_samples(flat_h5):
 
 
 def test_missing_checkpoint(tmp_path):
-    from pgc_mpi import checkpoint
     from pgc_mpi.errors import PgcError
+    from pgc_mpi.runs import checkpoint
 
     cfg = config_from_args(["--resume", "/nonexistent.h5"])
     cfg.validate(WORKERS)

@@ -1,4 +1,5 @@
-"""RunControl (pgc_mpi.control): evaluation, target loss, checkpoints on schedule and on demand, stop signals."""
+"""RunControl (pgc_mpi.runtime.control): evaluation, target loss, checkpoints on schedule and on demand,
+stop signals."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import signal
 
 import pytest
 
-from pgc_mpi import signals
-from pgc_mpi.control import ControlSettings, RunControl
+from pgc_mpi.runtime import signals
+from pgc_mpi.runtime.control import ControlSettings, RunControl
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from data_prep.__main__ import main as prep
-from pgc_mpi.datasets import H5Source, digits_arrays, load_digits, open_dataset
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.h5format import DataFormatError, verify_checksum
-from pgc_mpi.models import MODELS, TorchProblem, build_model
+from pgc_mpi.learning.datasets import H5Source, digits_arrays, load_digits, open_dataset
+from pgc_mpi.learning.h5format import DataFormatError, verify_checksum
+from pgc_mpi.learning.models import MODELS, TorchProblem, build_model
 
 from helpers import require_fashion_mnist
 
@@ -255,7 +255,7 @@ def test_flat_buffer_gradients_equal_torch_autograd(model):
     for p in reference.parameters():
         p.grad = None
     x, y = prob._local[2]
-    from pgc_mpi.sampling import minibatch_positions
+    from pgc_mpi.core.sampling import minibatch_positions
 
     pos = torch.from_numpy(minibatch_positions(len(y), 16, 5, 2, 2))
     reference.train()
@@ -279,7 +279,7 @@ def test_model_that_does_not_fit_the_data_is_a_clear_error(tmp_path):
 
 
 def test_evaluation_covers_every_sample_including_the_last_partial_batch(monkeypatch):
-    import pgc_mpi.models as models
+    import pgc_mpi.learning.models as models
 
     monkeypatch.setattr(models, "EVAL_BATCH", 97)  # 360 test samples: 3 full batches and one of 69
     src = load_digits(0)

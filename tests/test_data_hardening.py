@@ -20,10 +20,10 @@ import pytest
 
 import data_prep.cifar as cifar
 from data_prep.__main__ import main as prep
-from pgc_mpi import h5format
-from pgc_mpi.datasets import H5Source, open_dataset
 from pgc_mpi.errors import ConfigError, PgcError
-from pgc_mpi.h5format import DataFormatError, checksum, verify_checksum, write_dataset
+from pgc_mpi.learning import h5format
+from pgc_mpi.learning.datasets import H5Source, open_dataset
+from pgc_mpi.learning.h5format import DataFormatError, checksum, verify_checksum, write_dataset
 
 # -- helpers -----------------------------------------------------------------------------------------
 
@@ -190,7 +190,7 @@ def refused_in_a_subprocess(path: Path, match: str) -> None:
     """Like `refused`, in a child process with a deadline: a read that blocks in C (opening a FIFO)
     cannot be interrupted in-process, not by pytest-timeout's thread nor by a signal (HDF5
     retries the open on EINTR)."""
-    code = ("import sys; from pgc_mpi.datasets import open_dataset; from pgc_mpi.errors import PgcError\n"
+    code = ("import sys; from pgc_mpi.learning.datasets import open_dataset; from pgc_mpi.errors import PgcError\n"
             "try:\n    open_dataset(sys.argv[1])\nexcept PgcError as exc:\n    sys.exit(f'error: {exc}')\n")
     try:
         done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=30)
@@ -235,7 +235,7 @@ def test_a_trillion_rows_in_a_tiny_file_are_refused_before_allocating(tmp_path):
 
 
 def test_more_data_than_memory_is_refused(tmp_path, monkeypatch):
-    from pgc_mpi import h5check
+    from pgc_mpi.learning import h5check
 
     path = make_file(tmp_path / "f.h5")
     monkeypatch.setattr(h5check, "memory_limit", lambda: 999)
@@ -278,7 +278,7 @@ def test_huge_chunks_are_refused(tmp_path):
 
 
 def test_too_many_chunks_are_refused(tmp_path, monkeypatch):
-    from pgc_mpi import h5check
+    from pgc_mpi.learning import h5check
 
     monkeypatch.setattr(h5check, "MAX_CHUNKS", 100)
     path = make_file(tmp_path / "f.h5")
@@ -330,7 +330,7 @@ def test_non_finite_regression_targets(tmp_path):
 
 
 def test_the_first_bad_index_is_found_across_blocks(tmp_path, monkeypatch):
-    from pgc_mpi import h5check
+    from pgc_mpi.learning import h5check
 
     monkeypatch.setattr(h5check, "SCAN_BYTES", 64)  # blocks of a few rows
     path = make_file(tmp_path / "f.h5", train=500)
@@ -520,7 +520,7 @@ def test_disk_full_while_writing_a_data_file(tmp_path, capsys, monkeypatch, wher
 
 def test_disk_full_while_writing_a_checkpoint(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
-    from pgc_mpi import checkpoint
+    from pgc_mpi.runs import checkpoint
 
     param = torch.nn.Parameter(torch.zeros(3))
     opt = torch.optim.SGD([param], lr=0.1, momentum=0.9)

@@ -1,4 +1,4 @@
-"""`pgc-train --scheme ddp` (pgc_mpi.ddp), the torch DistributedDataParallel peer baseline, end to end
+"""`pgc-train --scheme ddp` (pgc_mpi.runtime.ddp), the torch DistributedDataParallel peer baseline, end to end
 under mpiexec: dgd's trajectory, the slowest worker setting the pace, the outputs, the options it refuses.
 
 Each test launches bounded mpiexec jobs (helpers.run_train); one module-scoped pair of jobs (dgd and
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from pgc_mpi.config import SimConfig, TrainConfig
+from pgc_mpi.core.message import MessageRecord
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.message import MessageRecord
-from pgc_mpi.sim_cli import main as sim_main
+from pgc_mpi.sim.cli import main as sim_main
 
 from helpers import events_of, run_train, steps_of
 

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from pgc_mpi.diagnostics import ADAPT_FLOOR, TableDiagnostics
-from pgc_mpi.optim import FlatOptimizer
-from pgc_mpi.problems import LeastSquares
-from pgc_mpi.table import PartitionTable
+from pgc_mpi.core.table import PartitionTable
+from pgc_mpi.learning.diagnostics import ADAPT_FLOOR, TableDiagnostics
+from pgc_mpi.learning.optim import FlatOptimizer
+from pgc_mpi.learning.problems import LeastSquares
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from pgc_mpi.message import MessageRecord
+from pgc_mpi.core.message import MessageRecord
 
 from helpers import run_train, steps_of
 
@@ -51,11 +51,11 @@ def test_compute_time_must_be_positive():
 
 def test_fixed_minibatch_under_mpi_equals_its_replay(tmp_path):
     """--fixed-minibatch: the authors' sampling (each partition's first minibatch, every time)."""
-    from pgc_mpi.datasets import load_digits
-    from pgc_mpi.models import TorchProblem
-    from pgc_mpi.problems import FirstMinibatch
-    from pgc_mpi.schemes import make_scheme
-    from pgc_mpi.sim import replay
+    from pgc_mpi.core.schemes import make_scheme
+    from pgc_mpi.learning.datasets import load_digits
+    from pgc_mpi.learning.models import TorchProblem
+    from pgc_mpi.learning.problems import FirstMinibatch
+    from pgc_mpi.sim.simulator import replay
 
     out = tmp_path / "run"
     proc = run_train(5, ["--scheme", "pgc-cr", "--steps", "8", "--dtype", "float64", "--batch-size", "16", "--lr",

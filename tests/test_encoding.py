@@ -1,4 +1,4 @@
-"""Encoding matrices and linear/combinatorial decoders (pgc_mpi.encoding) against docs/ALGORITHMS.md."""
+"""Encoding matrices and linear/combinatorial decoders (pgc_mpi.core.encoding) against docs/ALGORITHMS.md."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-from pgc_mpi.encoding import (
+from pgc_mpi.core.encoding import (
     EXACT_TOLERANCE,
     disjoint_windows,
     solve_exact,
@@ -17,8 +17,8 @@ from pgc_mpi.encoding import (
     support_matrix,
     tandon_cr_matrix,
 )
+from pgc_mpi.core.placement import cr_placement, fr_placement
 from pgc_mpi.errors import NotDecodable
-from pgc_mpi.placement import cr_placement, fr_placement
 
 SMALL = [(n, s) for n in range(2, 9) for s in range(n)]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pgc_mpi.bench import load_experiment, plan
 from pgc_mpi.choices import BUILTIN_DATASETS
+from pgc_mpi.commands.bench import load_experiment, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted((ROOT / "experiments").glob("*.toml"))

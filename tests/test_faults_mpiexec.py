@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from pgc_mpi.message import MessageRecord
+from pgc_mpi.core.message import MessageRecord
 
 from helpers import MPIEXEC, events_of, leaked_segments, mpi_env, mpich_segments, run_train, steps_of
 
@@ -40,7 +40,7 @@ def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
     os.killpg(job.pid, signal.SIGKILL)  # the whole job dies at once, mid-step: no goodbye
     job.wait(timeout=30)
-    assert not leaked_segments(segments)  # nothing left in /dev/shm to hang a later job (pgc_mpi.shm)
+    assert not leaked_segments(segments)  # nothing left in /dev/shm to hang a later job (pgc_mpi.runtime.shm)
     latest = sorted((cut / "checkpoints").glob("ckpt-*.h5"))[-1]
     at = int(latest.stem.split("-")[1])
     # the same run resumed (its delay too: a resume must describe the same run; dgd's trajectory ignores it)

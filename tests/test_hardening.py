@@ -9,11 +9,12 @@ import h5py
 import numpy as np
 import pytest
 
-from pgc_mpi import checkpoint, stragglers
-from pgc_mpi.checkpoint import CheckpointError
+from pgc_mpi.core import stragglers
+from pgc_mpi.core.stragglers import DelayModel
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.optim import FlatOptimizer
-from pgc_mpi.stragglers import DelayModel
+from pgc_mpi.learning.optim import FlatOptimizer
+from pgc_mpi.runs import checkpoint
+from pgc_mpi.runs.checkpoint import CheckpointError
 
 IDENTITY = {"scheme": "pgc-cr", "n": 4, "s": 1, "c": 2, "dim": 5, "dtype": "float64", "model": "logreg",
             "dataset": "digits", "optimizer": "momentum"}
@@ -65,10 +66,10 @@ def test_a_checkpoint_of_another_optimizer_is_refused(ckpt):
 def test_the_flags_win_over_the_checkpoint_s_learning_rate(tmp_path, caplog):
     import logging
 
-    from pgc_mpi.master import Master, MasterSettings
-    from pgc_mpi.problems import LeastSquares
-    from pgc_mpi.schemes import make_scheme
-    from pgc_mpi.wire import wire_format
+    from pgc_mpi.core.schemes import make_scheme
+    from pgc_mpi.core.wire import wire_format
+    from pgc_mpi.learning.problems import LeastSquares
+    from pgc_mpi.runtime.master import Master, MasterSettings
 
     class Link:  # the transport is not used by the constructor beyond its run's dtype
         wire = wire_format(None, np.float64)
@@ -105,7 +106,7 @@ def test_an_unexpected_set_up_error_is_one_line_for_every_rank(monkeypatch, caps
 
 
 def test_sleeps_never_pass_their_bound():
-    from pgc_mpi.transport import Backoff, _sleep_until
+    from pgc_mpi.runtime.transport import Backoff, _sleep_until
 
     backoff = Backoff(ceiling=100.0)
     backoff.delay = 100.0
@@ -158,7 +159,7 @@ def test_a_full_disk_under_the_metrics_is_one_line_naming_the_file(tmp_path, mon
     import errno
 
     from pgc_mpi.errors import WriteError
-    from pgc_mpi.metrics import MetricsWriter
+    from pgc_mpi.runs.metrics import MetricsWriter
 
     writer = MetricsWriter(tmp_path)
 

@@ -11,7 +11,7 @@ import time
 import h5py
 import numpy as np
 
-from pgc_mpi.message import MessageRecord
+from pgc_mpi.core.message import MessageRecord
 
 from helpers import events_of, run_train, steps_of
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from pgc_mpi.config import TrainConfig, config_from_args
+from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.problems import PROBLEMS, Quadratic, with_sampling
-from pgc_mpi.schemes import make_scheme
+from pgc_mpi.learning.problems import PROBLEMS, Quadratic, with_sampling
 
 from helpers import events_of, run_train, steps_of
 
@@ -153,7 +153,7 @@ def test_pgc_cr_decodes_the_full_gradient_at_one_model():
 def test_simulated_schemes_reach_the_optimum_with_whole_partitions(scheme):
     """Every partition has the same minimizer, so even pgc-cr's mix of stale buffers converges to it."""
     from pgc_mpi.config import SimConfig
-    from pgc_mpi.sim import simulate
+    from pgc_mpi.sim.simulator import simulate
 
     q = Quadratic(6, samples=120, dim=300, seed=1)
     res = simulate(SimConfig(scheme=scheme, workers=6, stragglers=2, steps=200, lr=0.5, delay="exp:1.0", seed=1), q)
@@ -161,7 +161,7 @@ def test_simulated_schemes_reach_the_optimum_with_whole_partitions(scheme):
 
 
 def test_pgc_sim_runs_the_quadratic_problem(capsys):
-    from pgc_mpi.sim_cli import main as sim_main
+    from pgc_mpi.sim.cli import main as sim_main
 
     assert sim_main(["--problem", "quadratic", "--dim", "1000", "--schemes", "dgd,pgc-cr", "-n", "4",
                      "--steps", "30", "--batch-size", "8"]) == 0
@@ -194,7 +194,7 @@ def test_a_synthetic_problem_from_a_toml_file(tmp_path):
 
 
 def test_resume_compares_the_problem_options():
-    from pgc_mpi.run_folder import differences
+    from pgc_mpi.runs.run_folder import differences
 
     cfg = config_from_args(["--problem", "quadratic", "--dim", "1000"])
     recorded = {"config": cfg.to_dict(), "workers": 4}
@@ -208,7 +208,7 @@ def test_resume_compares_the_problem_options():
 def test_a_checkpoint_knows_its_problem(tmp_path):
     import torch
 
-    from pgc_mpi.checkpoint import CheckpointError, load, run_identity, save
+    from pgc_mpi.runs.checkpoint import CheckpointError, load, run_identity, save
 
     scheme = make_scheme("dgd", 2, 0)
     ident = {"dtype": "float64", "seed": 0, "optimizer": "sgd"}
@@ -224,7 +224,7 @@ def test_a_checkpoint_knows_its_problem(tmp_path):
 
 
 def test_a_rank_record_says_whether_torch_is_loaded():
-    code = ("import json; from pgc_mpi import provenance; a = provenance.rank_record(); import torch; "
+    code = ("import json; from pgc_mpi.runtime import provenance; a = provenance.rank_record(); import torch; "
             "b = provenance.rank_record(); print(json.dumps([a, b]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     before, after = json.loads(proc.stdout)
@@ -275,7 +275,7 @@ def test_a_float64_dgd_run_follows_gradient_descent(tmp_path):
 def test_a_noisy_pgc_cr_run_is_replayed_exactly_by_the_simulator(tmp_path):
     """Minibatch noise seeded by (seed, partition, draw): the MPI run's parameters, step by step,
     are the simulator's replay of its arrivals on a Quadratic built here."""
-    from pgc_mpi.sim import replay
+    from pgc_mpi.sim.simulator import replay
 
     out = tmp_path / "run"
     proc = run_train(4, ["--scheme", "pgc-cr", "-s", "1", "--problem", "quadratic", "--dim", "300", "--samples", "90",

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from pgc_mpi.config import config_from_args
-from pgc_mpi.control import ControlSettings, RunControl
-from pgc_mpi.metrics import MetricsWriter, Progress, _duration, configure_logging, read_metrics
+from pgc_mpi.runs.metrics import MetricsWriter, Progress, _duration, configure_logging, read_metrics
+from pgc_mpi.runtime.control import ControlSettings, RunControl
 
 from helpers import events_of, run_train, steps_of
 
@@ -245,8 +245,8 @@ def test_configure_logging_level_and_log_dir(tmp_path, pgc_log):
 
 def test_a_log_dir_that_cannot_be_created_is_a_config_error(tmp_path):
     """Rank 0 creates --log-dir while it checks the flags: a failure is one line and exit status 2 everywhere."""
-    from pgc_mpi import train
     from pgc_mpi.errors import ConfigError
+    from pgc_mpi.runtime import train
 
     (tmp_path / "a-file").touch()
     with pytest.raises(ConfigError, match=r"^--log-dir \S+/a-file/logs: cannot create the directory: Not a directory"):

@@ -9,11 +9,11 @@ import pytest
 
 from pgc_mpi.config import SimConfig
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.master_cost import MasterCost, PartCost, fit, load, save
-from pgc_mpi.metrics import MASTER_PARTS
-from pgc_mpi.problems import LeastSquares
-from pgc_mpi.sim import simulate
-from pgc_mpi.sim_cli import main as sim_main
+from pgc_mpi.learning.problems import LeastSquares
+from pgc_mpi.runs.metrics import MASTER_PARTS
+from pgc_mpi.sim.cli import main as sim_main
+from pgc_mpi.sim.master_cost import MasterCost, PartCost, fit, load, save
+from pgc_mpi.sim.simulator import simulate
 
 COST = MasterCost(receive=PartCost(fixed=0.002, per_mnum=0.01), decode=PartCost(fixed=0.003),
                   update=PartCost(fixed=0.004, per_mnum=1.0), send=PartCost(fixed=0.001, per_worker=0.0005))

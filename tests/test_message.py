@@ -1,4 +1,4 @@
-"""The message layout (pgc_mpi.message): named header fields, byte layout, per-message records."""
+"""The message layout (pgc_mpi.core.message): named header fields, byte layout, per-message records."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from pgc_mpi.message import GRADIENT_FIELDS, MODEL_HEADER, Layout, Message, MessageRecord, gradient_header
-from pgc_mpi.schemes import make_scheme
+from pgc_mpi.core.message import GRADIENT_FIELDS, MODEL_HEADER, Layout, Message, MessageRecord, gradient_header
+from pgc_mpi.core.schemes import make_scheme
 
 
 def test_a_message_survives_its_bytes():
@@ -37,7 +37,7 @@ def test_header_views_write_in_place_by_name():
 
 @pytest.mark.parametrize("name,versions", [("pgc-cr", 3), ("gc-fr", 3), ("dgd", 1), ("pbs", 1)])
 def test_every_scheme_s_message_carries_its_buffer_versions(name, versions):
-    from pgc_mpi.message import buffers_per_message
+    from pgc_mpi.core.message import buffers_per_message
 
     assert buffers_per_message(make_scheme(name, 6, 2)) == versions
 

@@ -1,4 +1,4 @@
-"""messages.bin (pgc_mpi.message_log): step records' per-message lists out of metrics.jsonl and back."""
+"""messages.bin (pgc_mpi.runs.message_log): step records' per-message lists out of metrics.jsonl and back."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from pgc_mpi.message import MessageRecord
-from pgc_mpi.message_log import NAME, blocks, pack, read_steps
-from pgc_mpi.metrics import MetricsWriter, _plain, read_metrics
-from pgc_mpi.run_folder import OUTPUTS
+from pgc_mpi.core.message import MessageRecord
+from pgc_mpi.runs.message_log import NAME, blocks, pack, read_steps
+from pgc_mpi.runs.metrics import MetricsWriter, _plain, read_metrics
+from pgc_mpi.runs.run_folder import OUTPUTS
 
 LISTS = ("messages", "arrivals", "used", "rejected", "versions", "ages")
 COUNTS = ("n_messages", "n_arrivals", "n_used")
@@ -43,9 +43,9 @@ def _write(out, records, keep_steps_before=None):
 
 @pytest.mark.parametrize("scheme, options", [("pgc-cr", {}), ("pbs", {"max_staleness": 1})])
 def test_a_simulated_run_folder_reads_back_as_the_simulator_recorded_it(tmp_path, scheme, options):
-    from pgc_mpi.models import load_problem
-    from pgc_mpi.sim import simulate
-    from pgc_mpi.sim_backend import run_simulated, sim_config
+    from pgc_mpi.learning.models import load_problem
+    from pgc_mpi.sim.backend import run_simulated, sim_config
+    from pgc_mpi.sim.simulator import simulate
 
     options = {"scheme": scheme, "stragglers": 1, "steps": 25, "eval_every": 5, "compute_time": 0.3,
                "delay": "random:2:2.5" if scheme == "pbs" else "exp:1.0", "seed": 3, **options}
@@ -143,8 +143,8 @@ def test_a_resume_keeps_the_blocks_of_earlier_steps(tmp_path):
 
 def test_step_records_in_json_do_not_grow_with_the_workers(tmp_path):
     from pgc_mpi.config import SimConfig
-    from pgc_mpi.problems import Logistic
-    from pgc_mpi.sim import simulate
+    from pgc_mpi.learning.problems import Logistic
+    from pgc_mpi.sim.simulator import simulate
 
     sizes = {}
     for scheme in ("pgc-cr", "pbs"):

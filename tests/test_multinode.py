@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pgc_mpi.run_folder import checkpoint_name
+from pgc_mpi.runs.run_folder import checkpoint_name
 
 from helpers import events_of, run_train, slurm_job_gone, slurm_job_state, slurm_release_requeued, steps_of
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pgc_mpi.pbs_study import main
+from pgc_mpi.sim.pbs_study import main
 
 
 def test_a_small_study_prints_the_table_and_the_paired_tests(tmp_path, capsys):

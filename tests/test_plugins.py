@@ -15,9 +15,9 @@ from torch.utils.data import Dataset
 import pgc_mpi
 from pgc_mpi.config import SimConfig, TrainConfig, config_from_options, options_from_args
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.models import torch_problem
-from pgc_mpi.parts import dataset_parts, loss_of, metrics_of, model_of, parts_from_names
-from pgc_mpi.plugins import is_spec, load_object
+from pgc_mpi.learning.models import torch_problem
+from pgc_mpi.learning.parts import dataset_parts, loss_of, metrics_of, model_of, parts_from_names
+from pgc_mpi.learning.plugins import is_spec, load_object
 
 ROOT = Path(__file__).resolve().parents[1]
 NETS = ROOT / "examples" / "nets.py"
@@ -168,7 +168,7 @@ def test_two_holders_of_a_partition_draw_the_same_transform_and_dropout():
 
 
 def _source(data: Dataset):
-    from pgc_mpi.user_data import source_of
+    from pgc_mpi.learning.user_data import source_of
 
     return source_of(data)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pgc_mpi import run_folder
 from pgc_mpi.config import TrainConfig
 from pgc_mpi.errors import ConfigError
+from pgc_mpi.runs import run_folder
 
 
 def _write_run(out: Path, cfg: TrainConfig, workers: int = 3, checkpoints: tuple[int, ...] = ()) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pgc_mpi.core.sampling import minibatch_positions, partition_indices
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.sampling import minibatch_positions, partition_indices
 
 
 @pytest.mark.parametrize("samples,n", [(10, 3), (1437, 12), (7, 7), (100, 1)])

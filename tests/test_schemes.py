@@ -1,4 +1,4 @@
-"""The pure-numpy scheme core (pgc_mpi.schemes, placement, table) against docs/ALGORITHMS.md."""
+"""The pure-numpy scheme core (pgc_mpi.core.schemes, placement, table) against docs/ALGORITHMS.md."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pgc_mpi.encoding import EXACT_TOLERANCE, disjoint_windows
+from pgc_mpi.core.encoding import EXACT_TOLERANCE, disjoint_windows
+from pgc_mpi.core.placement import holders
+from pgc_mpi.core.schemes import SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
+from pgc_mpi.core.table import PartitionTable
 from pgc_mpi.errors import NotDecodable, SchemeError
-from pgc_mpi.placement import holders
-from pgc_mpi.schemes import SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
-from pgc_mpi.table import PartitionTable
 
 CODED = tuple(name for name in SCHEME_NAMES if name != "pbs")
 EXACT = ("dgd", "gc-fr", "gc-cr", "pgc-fr")

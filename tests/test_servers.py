@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from pgc_mpi.config import TrainConfig
-from pgc_mpi.diagnostics import TableDiagnostics
+from pgc_mpi.core.table import PartitionTable
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.optim import FlatOptimizer
-from pgc_mpi.problems import LeastSquares
-from pgc_mpi.servers import (
+from pgc_mpi.learning.diagnostics import TableDiagnostics
+from pgc_mpi.learning.optim import FlatOptimizer
+from pgc_mpi.learning.problems import LeastSquares
+from pgc_mpi.runtime.servers import (
     ANSWER,
     ARRIVAL,
     COMMIT,
@@ -27,8 +28,7 @@ from pgc_mpi.servers import (
     shard_bounds,
     slice_state,
 )
-from pgc_mpi.table import PartitionTable
-from pgc_mpi.transport import TAG_TABLE
+from pgc_mpi.runtime.transport import TAG_TABLE
 
 
 @pytest.mark.parametrize("dim,servers", [(10, 1), (10, 3), (7, 7), (1_000_003, 4)])
@@ -79,7 +79,7 @@ def test_shard_optimizers_step_like_the_whole_one_and_their_states_merge_to_its(
 def test_ddp_refuses_servers_and_pbs_takes_them():
     with pytest.raises(ConfigError, match=r"^--servers 2: --scheme ddp has no parameter server"):
         TrainConfig(scheme="ddp", servers=2).validate(4)
-    TrainConfig(scheme="pbs", servers=3).validate(4)  # rank 0 orders the arrivals for all (pgc_mpi.servers)
+    TrainConfig(scheme="pbs", servers=3).validate(4)  # rank 0 orders the arrivals for all (pgc_mpi.runtime.servers)
 
 
 class FakeFollowerLink:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pgc_mpi.collector import DeadlineMissed
 from pgc_mpi.config import SimConfig
-from pgc_mpi.message import MessageRecord
-from pgc_mpi.metrics import MASTER_PARTS
-from pgc_mpi.problems import LeastSquares, Logistic
-from pgc_mpi.schemes import SCHEME_NAMES, make_scheme
-from pgc_mpi.sim import replay, simulate
-from pgc_mpi.sim_cli import main as sim_main
+from pgc_mpi.core.collector import DeadlineMissed
+from pgc_mpi.core.message import MessageRecord
+from pgc_mpi.core.schemes import SCHEME_NAMES, make_scheme
+from pgc_mpi.learning.problems import LeastSquares, Logistic
+from pgc_mpi.runs.metrics import MASTER_PARTS
+from pgc_mpi.sim.cli import main as sim_main
+from pgc_mpi.sim.simulator import replay, simulate
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +276,7 @@ def test_pgc_sim_reports_mean_and_spread_over_seeds(capsys):
 
 
 def test_fixed_minibatch_uses_each_partition_s_first_minibatch(lsq12):
-    from pgc_mpi.problems import FirstMinibatch, LeastSquares
+    from pgc_mpi.learning.problems import FirstMinibatch, LeastSquares
 
     problem = LeastSquares(12, samples=1200, batch_size=10)
     fixed = FirstMinibatch(problem)

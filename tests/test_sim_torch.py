@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from pgc_mpi.config import SimConfig
-from pgc_mpi.message import MessageRecord
-from pgc_mpi.models import TorchProblem, load_problem
-from pgc_mpi.sim import SimWorkers, replay, simulate
-from pgc_mpi.sim_cli import main as sim_main
+from pgc_mpi.core.message import MessageRecord
+from pgc_mpi.learning.models import TorchProblem, load_problem
+from pgc_mpi.sim.cli import main as sim_main
+from pgc_mpi.sim.simulator import SimWorkers, replay, simulate
 
 TORCH_ARGS = ["--model", "logreg", "--dataset", "digits", "-n", "6", "--steps", "30", "--eval-every", "5"]
 
@@ -166,7 +166,7 @@ def test_bad_combinations_are_one_line_errors(args, message, capsys):
 def test_a_combination_error_imports_no_torch():
     probe = textwrap.dedent("""
         import sys
-        from pgc_mpi.sim_cli import main
+        from pgc_mpi.sim.cli import main
         assert main(["--problem", "logistic", "--model", "mlp"]) == 2
         assert main(["--dtype", "float64"]) == 2
         print("torch" in sys.modules)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pgc_mpi.stats import binomial_two_sided, mean_sd, sign_test
+from pgc_mpi.runs.stats import binomial_two_sided, mean_sd, sign_test
 
 
 def test_mean_sd_over_finite_values():
@@ -34,7 +34,7 @@ def test_binomial_two_sided(k, n, p):
 
 
 def test_the_confidence_interval_of_a_known_sample():
-    from pgc_mpi.stats import interval, t_cdf, t_quantile
+    from pgc_mpi.runs.stats import interval, t_cdf, t_quantile
 
     # 1..5: mean 3, sd sqrt(2.5), t(0.975, 4) = 2.7764451...: half-width 2.7764451 * sqrt(2.5) / sqrt(5)
     ci = interval([1.0, 2.0, 3.0, 4.0, 5.0])

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from pgc_mpi.core.stragglers import DelayModel
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.stragglers import DelayModel
 
 
 def test_exp_is_reproducible_and_order_free():
@@ -85,7 +85,7 @@ def test_persistent_slow_workers_are_fixed_for_the_run():
 
 
 def test_trace_replays_a_run_exactly(tmp_path):
-    from pgc_mpi.stragglers import write_trace
+    from pgc_mpi.core.stragglers import write_trace
 
     m = DelayModel("exp:0.3+random:1:2", n=5, seed=4)
     rows = [(w, t, m.delay(w, t)) for w in range(5) for t in range(30)]

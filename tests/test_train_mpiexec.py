@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pgc_mpi.datasets import load_digits
-from pgc_mpi.metrics import MASTER_PARTS
-from pgc_mpi.models import TorchProblem
-from pgc_mpi.schemes import make_scheme
-from pgc_mpi.sim import replay
+from pgc_mpi.core.schemes import make_scheme
+from pgc_mpi.learning.datasets import load_digits
+from pgc_mpi.learning.models import TorchProblem
+from pgc_mpi.runs.metrics import MASTER_PARTS
+from pgc_mpi.sim.simulator import replay
 
 from helpers import events_of, mpi_env, run_train, steps_of
 

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from pgc_mpi.message import Layout, Message, gradient_header
-from pgc_mpi.transport import MasterTransport, WorkerTransport, duplicate_world
+from pgc_mpi.core.message import Layout, Message, gradient_header
+from pgc_mpi.runtime.transport import MasterTransport, WorkerTransport, duplicate_world
 
 
 def _layout(dim: int = 1000) -> Layout:

@@ -11,7 +11,7 @@ shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 count=$(pgc-bench "$exp" --count)
 if [ "$count" -lt 1 ]; then echo "submit-sweep: $exp has no runnable combination" >&2; exit 2; fi
-ranks=$(python -c "import sys; from pgc_mpi.bench import load_experiment; print(load_experiment(sys.argv[1])['workers'] + 1)" "$exp")
+ranks=$(python -c "import sys; from pgc_mpi.commands.bench import load_experiment; print(load_experiment(sys.argv[1])['workers'] + 1)" "$exp")
 mkdir -p "$out"
 array=$(sbatch --parsable -n "$ranks" --array=0-$((count - 1)) \
   --export=ALL,PGC_EXPERIMENT="$exp",PGC_OUT="$out" --output="$out/slurm-%A_%a.out" "$@" "$here/sweep.sbatch")

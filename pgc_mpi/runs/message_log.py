@@ -1,0 +1,312 @@
+"""OUT/messages.bin: the per-message detail of every step record, kept out of metrics.jsonl.
+
+A step record as the master (or the simulator, or the ddp monitor) builds it holds lists that
+grow with the number of workers: `messages` (one MessageRecord per message received),
+`arrivals`, `used` and `rejected` (worker ids), `versions` (coded schemes: {worker: its
+message's buffer versions}) and `ages` (pbs: one per partition): 75-140 kB of JSON per step at
+1,000 workers. `MessageLog.write` takes them out of the record, appends them to messages.bin as
+one compressed block, and returns the record for metrics.jsonl: its fixed-size fields, plus
+`n_messages`, `n_arrivals` and `n_used`. `read_steps` puts them back.
+
+The file is a sequence of blocks, one per step record, in step order. A block is a 32-byte
+header (little-endian, `HEADER`): magic b"PGCm", format version (1), which of the record's keys
+the block holds (bit i: `MOVED[i]`), c (buffer versions per message: each block says its own),
+the record's step (int64), rows (its messages), ages (pbs: n; else 0), the length and the CRC-32
+of the compressed body; then the body, zlib-compressed (level `LEVEL`) columns one after the
+other, `rows` values each unless said (`COLUMNS`):
+
+- worker (int32), back (int32: the record's step minus the message's step);
+- delay, compute_time, real_compute_time: int64 nanoseconds (`NAN_NS` for NaN, `INF_NS` for
+  infinity), byte-shuffled. Read back as seconds they are the original to the nanosecond, and
+  exactly the original when it had at most 9 decimals (a --delay or --compute-time given in the
+  flags). A trace replays delays (results.realized_delays): a nanosecond is far below what a
+  sleep can tell apart, and float64's random low bits would make pbs's file half as large
+  again (over 100 MB at 1,000 workers and 5,000 steps);
+- gradients (int32), verdict (uint8: index in `VERDICTS`), flags (uint8: `ARRIVED`, `USED`,
+  `REJECTED`);
+- then the versions of the ARRIVED rows ([arrived, c] int32: the record's step minus each
+  version) and the ages (int32).
+
+The flags rebuild the lists exactly: `arrivals` are the workers of the ARRIVED rows in order (a
+pbs worker once per message), `used` those of the USED rows, `rejected` (over --max-staleness)
+those of the REJECTED rows, and `versions` maps the arrived workers, in arrival order, to their
+versions. Where the same worker has two messages in a step that could each be the one listed,
+the first is flagged: the lists come out the same. A list the flags could not express (never
+seen: the collectors' lists are subsequences of their messages) stays in the JSON record.
+
+Crash safety: a block is written in one write and flushed before its step's JSON line, so a
+record always has its block; a killed job leaves at most one partial last block, which the
+reader detects (length, CRC) and ignores with anything after it. A resume cuts the file after
+the last block of a step before the resume step, as MetricsWriter cuts metrics.jsonl.
+
+`read_steps` returns the records as json.loads read them when metrics.jsonl held everything:
+messages as lists in MessageRecord's order with None for NaN, versions keyed by strings.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ..errors import WriteError, write_failure
+
+NAME = "messages.bin"
+MAGIC = b"PGCm"
+FORMAT = 1
+# magic, format, moved keys (bits), c, step, rows, ages, compressed length, CRC-32 of the compressed bytes
+HEADER = struct.Struct("<4sBBHqIIII")
+LEVEL = 1  # zlib level: levels 6 and 9 save under 2 % on these columns, at several times the time
+MOVED = ("messages", "arrivals", "used", "rejected", "versions", "ages")  # bit i of the header's field
+VERDICTS = ("used", "accepted", "late", "stale", "rejected")  # MessageRecord.verdict, by code
+ARRIVED, USED, REJECTED = 1, 2, 4  # row flags
+COLUMNS = (("worker", "<i4"), ("back", "<i4"), ("delay", "<i8"), ("compute_time", "<i8"),
+           ("real_compute_time", "<i8"), ("gradients", "<i4"), ("verdict", "u1"), ("flags", "u1"))
+TIMES = ("delay", "compute_time", "real_compute_time")  # in nanoseconds, byte-shuffled
+NAN_NS, INF_NS = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+_CODES = {verdict: code for code, verdict in enumerate(VERDICTS)}
+_BIT = {key: 1 << i for i, key in enumerate(MOVED)}
+
+
+def _nanoseconds(seconds) -> np.ndarray:
+    x = np.asarray(seconds, dtype=np.float64)
+    finite = np.isfinite(x) & (np.abs(x) < 9e9)  # 285 years: beyond, a time is as good as infinite
+    out = np.where(np.isnan(x), NAN_NS, np.where(x > 0, INF_NS, NAN_NS + 1)).astype(np.int64)
+    out[finite] = np.rint(x[finite] * 1e9).astype(np.int64)
+    return out
+
+
+def _seconds(ns: np.ndarray) -> list[float | None]:
+    """Nanoseconds as json.loads gives back seconds: floats, None for NaN and infinities."""
+    values = (ns / 1e9).tolist()
+    special = np.flatnonzero((ns == NAN_NS) | (ns == INF_NS) | (ns == NAN_NS + 1))
+    for i in special.tolist():
+        values[i] = None
+    return values
+
+
+def _shuffle(column: np.ndarray) -> bytes:
+    """The column's bytes, byte 0 of every value first, then byte 1...: zlib finds the repeats."""
+    return column.view(np.uint8).reshape(-1, column.itemsize).T.tobytes()
+
+
+def _unshuffle(data: bytes, dtype: np.dtype, rows: int) -> np.ndarray:
+    return np.frombuffer(data, np.uint8).reshape(dtype.itemsize, rows).T.copy().view(dtype).reshape(rows)
+
+
+def _match(workers: np.ndarray, candidates: list[np.ndarray], wanted: list) -> np.ndarray | None:
+    """Rows whose workers spell `wanted` in order: the first candidate row set (a boolean mask)
+    that does exactly, else the first rows of the last set that do (greedy); None if none do."""
+    wanted = np.asarray(wanted, dtype=np.int64).reshape(-1)
+    for mask in candidates:
+        rows = np.flatnonzero(mask)
+        if len(rows) == len(wanted) and np.array_equal(workers[rows], wanted):
+            return rows
+    found, k, end = [], 0, len(wanted)
+    for i, worker in zip(rows.tolist(), workers[rows].tolist()):
+        if k == end:
+            break
+        if worker == wanted[k]:
+            found.append(i)
+            k += 1
+    return np.array(found, dtype=np.int64) if k == end else None
+
+
+def pack(record: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
+    """(the record without its per-message lists, the block holding them); (record, None) when it
+    has no `messages`."""
+    messages = record.get("messages")
+    if messages is None:
+        return record, None
+    step, rows = int(record["step"]), len(messages)
+    full = len(VERDICTS) + 2  # MessageRecord's fields
+    fields = list(zip(*messages)) or [()] * full
+    if len(fields) != full:  # records written before real_compute_time existed
+        fields = list(zip(*(m if len(m) == full else (*m, math.nan) for m in messages)))
+    workers = np.asarray(fields[0], dtype=np.int64)
+    verdict = np.asarray(list(map(_CODES.__getitem__, fields[5])), dtype=np.uint8)
+    stale = verdict == _CODES["stale"]
+    flags = np.zeros(rows, dtype=np.uint8)
+    moved = {"messages"}
+    if "rejected" in record:  # coded: exactly the stale messages; pbs: some of them
+        found = _match(workers, [stale], record["rejected"])
+        if found is not None:
+            flags[found] |= REJECTED
+            moved.add("rejected")
+    arrived = None
+    if "arrivals" in record:  # coded: the accepted messages (used or not); pbs: all but the rejected
+        taken = (verdict == _CODES["used"]) | (verdict == _CODES["accepted"])
+        arrived = _match(workers, [taken, (taken | stale) & (flags & REJECTED == 0)], record["arrivals"])
+    if arrived is not None:
+        flags[arrived] |= ARRIVED
+        moved.add("arrivals")
+        if "used" in record:  # coded: the messages verdict "used"; pbs: the arrivals
+            found = _match(workers, [verdict == _CODES["used"], flags & ARRIVED > 0], record["used"])
+            if found is not None:
+                flags[found] |= USED
+                moved.add("used")
+    c, versions = 0, np.zeros(0, dtype=np.int64)
+    if "versions" in record and arrived is not None:
+        held = record["versions"]
+        lengths = set(map(len, held.values()))
+        c = lengths.pop() if len(lengths) == 1 else 0
+        if list(map(int, held)) == workers[arrived].tolist() and (c or not held):
+            versions = step - np.fromiter(chain.from_iterable(held.values()), dtype=np.int64, count=len(held) * c)
+            moved.add("versions")
+    ages = np.zeros(0, dtype=np.int64)
+    if "ages" in record:
+        ages = np.asarray(record["ages"], dtype=np.int64)
+        moved.add("ages")
+    columns = {"worker": workers, "back": step - np.asarray(fields[1], dtype=np.int64),
+               "delay": _nanoseconds(fields[2]), "compute_time": _nanoseconds(fields[3]),
+               "real_compute_time": _nanoseconds(fields[6]), "gradients": fields[4], "verdict": verdict,
+               "flags": flags}
+    parts = []
+    for name, code in COLUMNS:
+        column = np.asarray(columns[name]).astype(code, copy=False)
+        parts.append(_shuffle(column) if name in TIMES else column.tobytes())
+    parts += [versions.astype("<i4").tobytes(), ages.astype("<i4").tobytes()]
+    body = zlib.compress(b"".join(parts), LEVEL)
+    bits = sum(_BIT[key] for key in moved)
+    header = HEADER.pack(MAGIC, FORMAT, bits, c, step, rows, len(ages), len(body), zlib.crc32(body))
+    slim = {k: v for k, v in record.items() if k not in moved}
+    slim["n_messages"] = rows
+    if "arrivals" in record:
+        slim["n_arrivals"] = len(record["arrivals"])
+    if "used" in record:
+        slim["n_used"] = len(record["used"])
+    return slim, header + body
+
+
+@dataclass(frozen=True)
+class Block:
+    """One step's block as read: its header's fields and its compressed body."""
+
+    moved: int
+    c: int
+    step: int
+    rows: int
+    ages: int
+    body: bytes
+
+    def lists(self) -> dict[str, Any]:
+        """The record's lists this block holds, in their JSON form."""
+        data, at, cols = zlib.decompress(self.body), 0, {}
+        for name, code in COLUMNS:
+            dtype = np.dtype(code)
+            chunk = data[at:at + dtype.itemsize * self.rows]
+            cols[name] = _unshuffle(chunk, dtype, self.rows) if name in TIMES else np.frombuffer(chunk, dtype)
+            at += len(chunk)
+        flags = cols["flags"]
+        arrived = np.flatnonzero(flags & ARRIVED)
+        held = len(arrived) * self.c if self.moved & _BIT["versions"] else 0
+        versions = np.frombuffer(data, "<i4", held, at).astype(np.int64)
+        ages = np.frombuffer(data, "<i4", self.ages, at + 4 * held)
+        workers = cols["worker"].tolist()
+        out: dict[str, Any] = {}
+        if self.moved & _BIT["messages"]:
+            steps = (self.step - cols["back"].astype(np.int64)).tolist()
+            delay, compute, real = (_seconds(cols[name]) for name in TIMES)
+            verdicts = [VERDICTS[v] for v in cols["verdict"].tolist()]
+            out["messages"] = [list(m) for m in zip(workers, steps, delay, compute, cols["gradients"].tolist(),
+                                                    verdicts, real)]
+        for key, flag in (("arrivals", ARRIVED), ("used", USED), ("rejected", REJECTED)):
+            if self.moved & _BIT[key]:
+                out[key] = [workers[i] for i in np.flatnonzero(flags & flag).tolist()]
+        if self.moved & _BIT["versions"]:
+            table = (self.step - versions.reshape(len(arrived), self.c)).tolist()
+            out["versions"] = {str(workers[i]): v for i, v in zip(arrived.tolist(), table)}
+        if self.moved & _BIT["ages"]:
+            out["ages"] = ages.tolist()
+        return out
+
+
+def blocks(path: Path) -> Iterator[tuple[int, Block]]:
+    """(offset of its end, block) of every whole block of a messages.bin, in file order; stops at
+    the first partial or damaged one (a killed job's last write). Nothing if there is no file."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return
+    at = 0
+    while at + HEADER.size <= len(data):
+        magic, fmt, moved, c, step, rows, ages, length, crc = HEADER.unpack_from(data, at)
+        body = data[at + HEADER.size:at + HEADER.size + length]
+        if magic != MAGIC or fmt != FORMAT or len(body) != length or zlib.crc32(body) != crc:
+            return
+        at += HEADER.size + length
+        yield at, Block(moved, c, step, rows, ages, body)
+
+
+class MessageLog:
+    """The writer of OUT/messages.bin (see the module's docstring): `write(record)` appends the
+    block of a step record and returns what to write to metrics.jsonl."""
+
+    def __init__(self, out_dir: Path, keep_steps_before: int | None = None):
+        """A new messages.bin, or, when resuming at step `keep_steps_before`, the existing one cut
+        after its last whole block of an earlier step (the blocks of an abandoned continuation,
+        or a killed job's partial block, go)."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = out_dir / NAME
+        keep = 0
+        if keep_steps_before is not None:
+            for end, block in blocks(self.path):
+                if block.step >= keep_steps_before:
+                    break
+                keep = end
+        try:
+            if keep:
+                with self.path.open("r+b") as fh:
+                    fh.truncate(keep)
+            self._fh: BinaryIO = self.path.open("ab" if keep else "wb")
+        except OSError as exc:
+            raise WriteError(write_failure(self.path, exc)) from None
+
+    def write(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Append (and flush) the block of a step record's per-message lists; returns the record
+        without them. A record without `messages` is returned as it is."""
+        slim, block = pack(record)
+        if block is not None:
+            try:
+                self._fh.write(block)
+                self._fh.flush()
+            except OSError as exc:
+                raise WriteError(write_failure(self.path, exc)) from None
+        return slim
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def with_messages(steps: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
+    """Step records of OUT/metrics.jsonl with their lists from OUT/messages.bin put back (in place;
+    returned). A list the record holds itself (written before messages.bin existed, or one the
+    block could not express) stays; a record whose block is missing stays as it is."""
+    wanted = {r["step"] for r in steps if "n_messages" in r and "messages" not in r}
+    if not wanted:
+        return steps
+    found = {b.step: b for _, b in blocks(Path(out_dir) / NAME) if b.step in wanted}
+    for record in steps:
+        block = found.get(record["step"])
+        if block is not None and "messages" not in record:
+            for key, value in block.lists().items():
+                record.setdefault(key, value)
+    return steps
+
+
+def read_steps(out_dir: Path) -> list[dict[str, Any]]:
+    """The step records of a run folder (metrics.jsonl without its events), each with its
+    `messages`, `arrivals`, `used`, `rejected`, and `versions` (coded schemes) or `ages` (pbs)
+    from messages.bin, as the master's record had them (in their JSON form: see the module's
+    docstring)."""
+    from .metrics import read_metrics
+
+    records = read_metrics(Path(out_dir) / "metrics.jsonl")
+    return with_messages([r for r in records if "event" not in r], out_dir)

@@ -1,0 +1,172 @@
+"""A worker rank: newest model in, one (or c) partition gradients computed, a coded message out."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.faults import Fault, active
+from ..core.message import Message
+from ..core.schemes import CodedScheme, PbsScheme
+from ..core.stragglers import DelayModel
+from ..core.wire import FLOAT16_MAX
+from ..errors import PgcError
+from ..learning.problems import Problem
+from .transport import WorkerTransport
+
+log = logging.getLogger("pgc_mpi")
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What a worker does besides computing: injected faults, the catch-up of over-stale buffers
+    (`refresh_over`: the staleness over which a pipelined worker recomputes a buffer before it
+    sends, --on-stale refresh; None: never) and emulated compute (`compute_time`: every
+    partition gradient takes at least this many seconds, --compute-time; None: as long as it takes)."""
+
+    faults: tuple[Fault, ...] = ()
+    refresh_over: int | None = None
+    compute_time: float | None = None
+
+
+def _never() -> bool:
+    return False
+
+
+def _sleep_until(until: float, interrupted: Callable[[], bool]) -> None:
+    """Sleep until time.perf_counter() == until, or until `interrupted()` (the master asks to stop:
+    whatever the worker was waiting for would be discarded anyway)."""
+    while time.perf_counter() < until and not interrupted():
+        time.sleep(min(0.01, max(0.0, until - time.perf_counter())))
+
+
+def injected_delay(seconds: float, interrupted: Callable[[], bool] = _never) -> float:
+    """Sleep like a slow node. A hang (math.inf) never wakes, as a real one would not; a finite
+    delay ends early once `interrupted()`. Returns the delay."""
+    if seconds == math.inf:
+        log.warning("injected hang: this worker stops responding now")
+        while True:
+            time.sleep(3600)
+    _sleep_until(time.perf_counter() + seconds, interrupted)
+    return seconds
+
+
+def pad_compute(began: float, gradients: int, per_gradient: float | None,
+                interrupted: Callable[[], bool] = _never) -> tuple[float, float]:
+    """(compute time, real compute time) of `gradients` gradients computed since `began`: with
+    --compute-time (`per_gradient`) the worker first sleeps out the rest of gradients x
+    per_gradient, so ranks sharing cores behave like nodes with a fixed cost per partition gradient."""
+    real = time.perf_counter() - began
+    if per_gradient is not None:
+        _sleep_until(began + gradients * per_gradient, interrupted)
+    return time.perf_counter() - began, real
+
+
+def _send(link: WorkerTransport, faults: tuple[Fault, ...], worker: int, step: int) -> None:
+    """Send the message in the link's buffers, spoiled first if a fault is injected here."""
+    kind = active(faults, worker, step)
+    if kind == "die":
+        log.warning("injected fault: this worker dies now")
+        os._exit(17)
+    if kind in ("nan", "inf"):  # in every server's part, as a real NaN gradient would be
+        for payload in link.payloads:
+            link.wire.encode(np.array([np.nan if kind == "nan" else np.inf]), payload[:1])
+    link.send(nbytes=link.nbytes // 2 if kind == "badsize" else None)
+
+
+def _put_on_wire(link: WorkerTransport, values: np.ndarray) -> None:
+    """Round the message's values into the link's payload in the wire format; say so (once) when
+    float16's range is exceeded: the master then rejects the message as non-finite."""
+    link.put(values)
+    if (link.wire.name == "float16" and not all(np.isfinite(p).all() for p in link.payloads)
+            and np.isfinite(values).all()):
+        _tell_float16_overflow()
+
+
+@functools.cache
+def _tell_float16_overflow() -> None:
+    log.warning("a coded gradient exceeds float16's range (+-%g): the master rejects such messages as non-finite; "
+                "use --wire-dtype bfloat16 (float32's range) or float32", FLOAT16_MAX)
+
+
+def _one_step(link: WorkerTransport, version: int | None) -> int | None:
+    """`version`, the model's step, once every server's shard of it is of that step (pbs)."""
+    if version is not None and link.sharded and len(set(link.shard_steps)) > 1:
+        raise PgcError(f"pbs: the servers answered with shards of steps {link.shard_steps}: they must answer every "
+                       f"message with the same model")
+    return version
+
+
+def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, link: WorkerTransport,
+               delays: DelayModel, settings: WorkerSettings | None = None) -> int:
+    """Serve the master until it says stop; returns how many gradients were computed."""
+    settings = settings or WorkerSettings()
+    if isinstance(scheme, PbsScheme):
+        return _run_table_worker(worker, scheme, problem, link, delays, settings)
+    parts = scheme.placement[worker]
+    dtype = link.model.dtype  # the run's: gradients are computed and combined in it, then put on the wire
+    coef = scheme.coefficients(worker).astype(dtype)
+    buffers = np.zeros((scheme.c, problem.dim), dtype=dtype)
+    coded = link.coded
+    step = first = link.next_model()
+    computed = 0
+    if step is not None:  # the first model: step 0, or the step a resumed run starts at
+        versions = scheme.warmup_versions(step)
+        began = time.perf_counter()
+        for k in scheme.warmup_slots(worker, step):  # the pipeline's stale buffers, at this model
+            buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(versions[k], k))[1]
+            computed += 1
+        pad_compute(began, computed, settings.compute_time, link.stop_requested)
+    while step is not None:
+        losses = []
+        began = time.perf_counter()
+        catch_up = scheme.refresh_slots(worker, step, versions, settings.refresh_over, first)
+        for k in (*catch_up, *scheme.fresh_slots(step, worker)):
+            loss, buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(step, k))
+            versions[k] = step
+            losses.append(loss)
+        np.dot(coef, buffers, out=coded)
+        _put_on_wire(link, coded)
+        took, real = pad_compute(began, len(losses), settings.compute_time, link.stop_requested)
+        computed += len(losses)
+        slept = injected_delay(delays.delay(worker, step), link.stop_requested)
+        link.write_header(Message(step, worker, tuple(versions), loss=float(np.mean(losses)), compute_time=took,
+                                  delay=slept, gradients=len(losses), real_compute_time=real))
+        _send(link, settings.faults, worker, step)
+        step = link.next_model()
+    link.confirm_stop()
+    return computed
+
+
+def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: WorkerTransport,
+                      delays: DelayModel, settings: WorkerSettings) -> int:
+    """pbs: compute the next stored partition at the model the master answered with, again and
+    again (the answer to the message that completes a step is the updated model). With --servers K
+    every server answers every message with its shard of the same step (pgc_mpi.runtime.servers): a model
+    put together from shards of different steps is a fault of the servers, not a straggler's lot."""
+    version = _one_step(link, link.next_model())
+    count = 0
+    attempts = 0
+    while version is not None:
+        slot = scheme.fresh_slots(count, worker)[0]
+        part = scheme.placement[worker][slot]
+        began = time.perf_counter()
+        loss, grad = problem.loss_and_grad(link.model, part, scheme.draw_index(count, slot))
+        _put_on_wire(link, grad)
+        took, real = pad_compute(began, 1, settings.compute_time, link.stop_requested)
+        slept = injected_delay(delays.delay(worker, version, attempts), link.stop_requested)
+        link.write_header(Message(version, worker, (version,), partition=part, loss=loss, compute_time=took,
+                                  delay=slept, real_compute_time=real))
+        _send(link, settings.faults, worker, version)
+        count += 1
+        answer = _one_step(link, link.next_model())
+        attempts = attempts + 1 if answer == version else 0
+        version = answer
+    link.confirm_stop()
+    return count
