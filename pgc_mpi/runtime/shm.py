@@ -11,7 +11,7 @@ when a cluster's state is reset; process ids are reused) then opens the stale fi
 fresh one and hangs in MPI_Init, or fails there with garbage from the old job's queues. Measured
 on this project's single-node Slurm: a job killed with SIGKILL left mpich_shm_eb421bf2_0 (the hash
 of "1.0"), and the next cluster's job 1 hung in MPI_Init until the file was removed
-(tests/test_slurm.py makes this happen on purpose).
+(tests/launch/test_slurm.py makes this happen on purpose).
 
 Two defences, both Linux-only (/proc) and no-ops elsewhere:
 - `unlink_own_segments` (pgc-train's main, once the world communicator is duplicated): once every

@@ -20,7 +20,7 @@ from pgc_mpi.runtime import shm
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OTHER_UID = 12345
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to chown a file to, or run as, another uid)")
 

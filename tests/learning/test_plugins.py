@@ -19,7 +19,7 @@ from pgc_mpi.learning.models import torch_problem
 from pgc_mpi.learning.parts import dataset_parts, loss_of, metrics_of, model_of, parts_from_names
 from pgc_mpi.learning.plugins import is_spec, load_object
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NETS = ROOT / "examples" / "nets.py"
 
 

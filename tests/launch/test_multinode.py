@@ -24,7 +24,7 @@ from pgc_mpi.runs.run_folder import checkpoint_name
 
 from helpers import events_of, run_train, slurm_job_gone, slurm_job_state, slurm_release_requeued, steps_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = ROOT / "launch" / "slurm"
 pytestmark = pytest.mark.timeout(900)  # a test's jobs may start START_ATTEMPTS times
 

@@ -23,7 +23,7 @@ from pgc_mpi.sim.simulator import replay
 
 from helpers import events_of, mpi_env, run_train, steps_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("scheme,ranks,s,straggler,fr_decode", [

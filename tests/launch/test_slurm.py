@@ -19,7 +19,7 @@ import pytest
 
 from helpers import events_of, slurm_job_gone, slurm_release_requeued, steps_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = ROOT / "launch" / "slurm"
 SCRIPTS = sorted([*SLURM_DIR.glob("*.sbatch"), *SLURM_DIR.glob("*.sh"), ROOT / "launch" / "local.sh"])
 

@@ -10,7 +10,7 @@ import pytest
 from pgc_mpi.choices import BUILTIN_DATASETS
 from pgc_mpi.commands.bench import load_experiment, plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted((ROOT / "experiments").glob("*.toml"))
 
 

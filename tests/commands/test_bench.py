@@ -223,7 +223,7 @@ def test_waiting_saved_is_the_slowest_job_minus_the_slowest_used_one():
 @pytest.mark.parametrize("backend", ["sim", "mpi"], ids=["simulated", "under-mpiexec"])
 def test_experiment_files_name_your_model_loss_and_data(tmp_path, backend):
     """pgc-bench's [train] takes model, loss and dataset as PATH:NAME, simulated or run under MPI."""
-    nets = Path(__file__).resolve().parents[1] / "examples" / "nets.py"
+    nets = Path(__file__).resolve().parents[2] / "examples" / "nets.py"
     exp = tmp_path / "mine.toml"
     exp.write_text(f'name = "mine"\nworkers = 2\nbackend = "{backend}"\nschemes = ["dgd", "pgc-cr"]\ns = [1]\n'
                    f'seeds = [0]\n[train]\nsteps = 6\neval_every = 3\ncompute_time = 0.01\n'

@@ -12,7 +12,7 @@ from pgc_mpi.commands.bench import main as bench
 from pgc_mpi.config import tomllib
 from pgc_mpi.runtime import entry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _project() -> dict:

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import events_of, mpi_env, run_mpi, run_train, start_mpi, steps_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 NETS = EXAMPLES / "nets.py"
 

@@ -31,7 +31,7 @@ from pgc_mpi.runtime.devices import (
     visible_gpus,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def local(rank: int = 0, size: int = 1, source: str = "test") -> LocalRank:
