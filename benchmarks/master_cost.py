@@ -34,8 +34,8 @@ import numpy as np
 
 from pgc_mpi.config import SimConfig
 from pgc_mpi.learning.problems import PROBLEMS
-from pgc_mpi.runs.message_log import read_steps
 from pgc_mpi.runs.metrics import MASTER_PARTS
+from pgc_mpi.runs.results import read_steps
 from pgc_mpi.sim.master_cost import fit, save
 from pgc_mpi.sim.simulator import simulate
 

@@ -37,7 +37,7 @@ _LAZY = {
     "realized_delays": "runs.results",
     "summarize_run": "runs.results",
     "read_metrics": "runs.metrics",
-    "read_steps": "runs.message_log",
+    "read_steps": "runs.results",
     "Message": "core.message",
     "MessageRecord": "core.message",
 }

@@ -8,6 +8,7 @@ DTYPE_NAMES = ("float32", "float64")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 BUILTIN_DATASETS = ("digits",)
 DEADLINE_POLICIES = ("wait", "partial", "fail")
+DEVICE_CHOICES = ("cpu", "cuda", "auto")  # --device and --master-device (pgc_mpi.runtime.devices)
 # Schemes pgc-train runs without the parameter server (pgc_mpi.runtime.ddp); not simulated, so not in
 # pgc_mpi.core.schemes.SCHEME_NAMES (the simulator iterates those).
 PEER_SCHEMES = ("ddp",)

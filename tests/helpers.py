@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from pgc_mpi.runs.message_log import read_steps
 from pgc_mpi.runs.metrics import read_metrics
+from pgc_mpi.runs.results import read_steps
 from pgc_mpi.runtime import shm
 
 BIN = Path(sys.executable).parent

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .h5format import FORMAT_VERSION, SPLITS, TASKS, DataFormatError
+from .h5layout import FORMAT_VERSION, SPLITS, TASKS, DataFormatError
 
 # A classifier's output layer has num_classes units; the largest label sets in use (ImageNet-21k's
 # 21,841 classes) are far below this, while 10**12 would allocate a last layer of terabytes.

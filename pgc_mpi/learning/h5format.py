@@ -34,23 +34,16 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..errors import PgcError, WriteError, write_failure
+from ..errors import WriteError, write_failure
+from . import h5check
+from .h5layout import FORMAT_VERSION, SPLITS, TASKS, DataFormatError
 
-if TYPE_CHECKING:
-    from .h5check import Checked
-
-FORMAT_VERSION = 1
-SPLITS = ("train", "test")
-TASKS = ("classification", "regression")
-
-
-class DataFormatError(PgcError):
-    """A data file that is missing, unreadable or not in pgc-mpi's HDF5 layout."""
-
+__all__ = ["FORMAT_VERSION", "SPLITS", "TASKS", "DataFormatError", "atomic_h5", "checksum", "open_checked",
+           "verify_checksum", "write_dataset"]
 
 # The file is built in memory (HDF5's core driver) and then written with plain os.write calls, so
 # a full disk is an ordinary OSError from write() or fsync(). Written through HDF5's own file driver
@@ -150,15 +143,14 @@ def _chunks(x: np.ndarray) -> tuple[int, ...] | None:
 def _check_content(path: Path, arrays: dict[str, tuple[np.ndarray, np.ndarray]], num_classes: int,
                    task: str) -> None:
     """The reader's limits (h5check) on arrays about to be written."""
-    from .h5check import MAX_CLASSES, first_non_finite
 
-    if task == "classification" and not 1 <= num_classes <= MAX_CLASSES:
-        raise DataFormatError(f"{path}: not written: num_classes {num_classes} is outside 1..{MAX_CLASSES}")
+    if task == "classification" and not 1 <= num_classes <= h5check.MAX_CLASSES:
+        raise DataFormatError(f"{path}: not written: num_classes {num_classes} is outside 1..{h5check.MAX_CLASSES}")
     if task == "regression" and num_classes != 1:
         raise DataFormatError(f"{path}: not written: num_classes must be 1 for regression, got {num_classes}")
     for split, (x, y) in arrays.items():
         for what, a in (("features", x), ("regression targets", y if task == "regression" else x[:0])):
-            bad = first_non_finite(a)
+            bad = h5check.first_non_finite(a)
             if bad is not None:
                 raise DataFormatError(f"{path}: not written: {split} {what}: [{', '.join(map(str, bad))}] is "
                                       f"{a[bad]} (they must be finite)")
@@ -166,13 +158,12 @@ def _check_content(path: Path, arrays: dict[str, tuple[np.ndarray, np.ndarray]],
             raise DataFormatError(f"{path}: not written: {split} labels lie outside 0..{num_classes - 1}")
 
 
-def open_checked(path: Path, *, verify_checksum: bool = True) -> tuple[Any, Checked]:
+def open_checked(path: Path, *, verify_checksum: bool = True) -> tuple[Any, h5check.Checked]:
     """Open a data file read-only and check it (pgc_mpi.learning.h5check): its attributes and structure,
     then, in one streaming pass, its labels, its features and (unless verify_checksum is False)
     its checksum. Returns the open h5py.File and an h5check.Checked saying what it holds."""
     import h5py
 
-    from . import h5check
 
     path = Path(path)
     if not path.exists():

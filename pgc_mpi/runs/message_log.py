@@ -299,14 +299,3 @@ def with_messages(steps: list[dict[str, Any]], out_dir: Path) -> list[dict[str, 
             for key, value in block.lists().items():
                 record.setdefault(key, value)
     return steps
-
-
-def read_steps(out_dir: Path) -> list[dict[str, Any]]:
-    """The step records of a run folder (metrics.jsonl without its events), each with its
-    `messages`, `arrivals`, `used`, `rejected`, and `versions` (coded schemes) or `ages` (pbs)
-    from messages.bin, as the master's record had them (in their JSON form: see the module's
-    docstring)."""
-    from .metrics import read_metrics
-
-    records = read_metrics(Path(out_dir) / "metrics.jsonl")
-    return with_messages([r for r in records if "event" not in r], out_dir)

@@ -19,6 +19,15 @@ from .message_log import with_messages
 from .metrics import read_metrics
 
 
+def read_steps(out_dir: Path) -> list[dict]:
+    """The step records of a run folder (metrics.jsonl without its events), each with its
+    `messages`, `arrivals`, `used`, `rejected`, and `versions` (coded schemes) or `ages` (pbs)
+    from messages.bin, as the master's record had them (in their JSON form: see
+    pgc_mpi.runs.message_log)."""
+    records = read_metrics(Path(out_dir) / "metrics.jsonl")
+    return with_messages([r for r in records if "event" not in r], out_dir)
+
+
 @dataclass
 class RunSummary:
     """One run's figures of merit (None where the run never reached the target)."""

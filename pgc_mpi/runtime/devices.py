@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..choices import DEVICE_CHOICES
 from ..errors import ConfigError
 
-DEVICE_CHOICES = ("cpu", "cuda", "auto")
 ROLES = ("master", "worker")
 
 # (rank variable, size variable, launcher) for the node-local rank, highest priority first. The MPI

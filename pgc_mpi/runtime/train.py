@@ -539,7 +539,7 @@ def _saved_line(summary: dict) -> str:
 
 
 def _read_steps(path: Path) -> list[dict]:
-    from ..runs.message_log import read_steps
+    from ..runs.results import read_steps
 
     return read_steps(path.parent)  # with their per-message lists, from messages.bin
 

@@ -245,6 +245,10 @@ def configs_from_args(args: argparse.Namespace) -> dict[str, SimConfig]:
         raise ConfigError(f"--seeds must be a positive integer with --seed + --seeds - 1 <= {MAX_SEED}, "
                           f"got {args.seeds}")
     target = target_from_args(args, problem_from_args(args))
+    if args.master_cost is not None:
+        from .master_cost import load
+
+        load(args.master_cost)  # ConfigError now, not after the problem is built
     stop = {"target_gap" if target.kind == "gap" else "target_loss": target.value} if args.stop_at_target else {}
     shared = {name: getattr(args, name) for name in CORE_FIELDS if name != "scheme"}
     return {

@@ -15,9 +15,8 @@ from pgc_mpi.commands.plot import main as plot
 from pgc_mpi.core.message import MessageRecord
 from pgc_mpi.core.stragglers import DelayModel
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.runs.message_log import read_steps
 from pgc_mpi.runs.metrics import read_metrics
-from pgc_mpi.runs.results import RunSummary, first_sustained, realized_delays
+from pgc_mpi.runs.results import RunSummary, first_sustained, read_steps, realized_delays
 
 EXPERIMENT = ('name = "tiny"\nworkers = 3\nschemes = ["dgd", "pgc-cr", "gc-fr"]\ns = [1]\nseeds = [0, 1]\n'
               'delays = ["exp:0.02", "none"]\ntarget_loss = 1.9\ntimeout = 120\n[train]\nsteps = 12\n'

@@ -8,8 +8,9 @@ import math
 import pytest
 
 from pgc_mpi.core.message import MessageRecord
-from pgc_mpi.runs.message_log import NAME, blocks, pack, read_steps
+from pgc_mpi.runs.message_log import NAME, blocks, pack
 from pgc_mpi.runs.metrics import MetricsWriter, _plain, read_metrics
+from pgc_mpi.runs.results import read_steps
 from pgc_mpi.runs.run_folder import OUTPUTS
 
 LISTS = ("messages", "arrivals", "used", "rejected", "versions", "ages")

@@ -11,6 +11,7 @@ from pgc_mpi.config import SimConfig
 from pgc_mpi.errors import ConfigError
 from pgc_mpi.learning.problems import LeastSquares
 from pgc_mpi.runs.metrics import MASTER_PARTS
+from pgc_mpi.sim.cli import build_parser, configs_from_args
 from pgc_mpi.sim.cli import main as sim_main
 from pgc_mpi.sim.master_cost import MasterCost, PartCost, fit, load, save
 from pgc_mpi.sim.simulator import simulate
@@ -62,8 +63,10 @@ def test_a_bad_cost_file_is_refused_with_a_one_line_reason(tmp_path, content, wo
     if content is not None:
         path.write_text(content)
     with pytest.raises(ConfigError, match=words) as err:
-        SimConfig(workers=6, master_cost=str(path))
+        load(str(path))  # as pgc-sim does with its options, and the simulator before its first step
     assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=words):
+        configs_from_args(build_parser().parse_args(["--master-cost", str(path), "--schemes", "dgd"]))
 
 
 def test_without_stragglers_a_dgd_step_is_compute_then_every_receive_then_the_step_parts(lsq, tmp_path):
