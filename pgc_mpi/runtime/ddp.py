@@ -76,8 +76,9 @@ from ..learning.models import TorchProblem
 from ..learning.optim import FlatOptimizer
 from ..runs.metrics import MetricsWriter, Progress, master_times
 from .control import ControlSettings
+from .links import PeerInbox, PeerReporter
 from .master import RunTotals
-from .transport import PeerInbox, PeerReporter, barrier, duplicate_world
+from .transport import barrier, duplicate_world
 from .worker import injected_delay, pad_compute
 
 log = logging.getLogger("pgc_mpi")

@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError, PgcError
-from .transport import TAG_TABLE, Backoff, FollowerLink, LeaderLink
+from .links import TAG_TABLE, FollowerLink, LeaderLink
+from .transport import Backoff
 
 if TYPE_CHECKING:  # a worker imports this module for shard_bounds: it must not load torch (light ranks)
     import torch

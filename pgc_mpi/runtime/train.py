@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import logging
 import os
 import socket
@@ -35,17 +34,16 @@ from ..errors import ConfigError, PgcError
 from ..runs import run_folder
 from ..runs.metrics import (
     MetricsWriter,
-    Progress,
     configure_logging,
-    json_line,
     make_log_dir,
     setup_logging,
-    write_json,
 )
 from . import provenance, shm, signals
 from .devices import DevicePlan, cuda_aware_mpi, select_device
+from .links import FollowerLink, LeaderLink
+from .outputs import close_outputs, open_outputs, record_failure
 from .servers import shard_bounds
-from .transport import FollowerLink, LeaderLink, MasterTransport, WorkerTransport, abort, duplicate_world, wait_for_all
+from .transport import MasterTransport, WorkerTransport, abort, duplicate_world, wait_for_all
 from .worker import WorkerSettings, run_worker
 
 # Exit status of a run that stopped because training produced NaN or Inf (see Master._update).
@@ -218,11 +216,11 @@ def run_job(make_config: Callable[[], TrainConfig], argv: list[str], parts=None,
         return _train(cfg, state, comm, log, start, plan, parts, outcome or JobOutcome(), prog)
     except (PgcError, OSError) as exc:  # e.g. a full disk: one line naming the path is the message
         log.error("%s", exc)
-        _record_failure(cfg, rank, str(exc))
+        record_failure(cfg, rank, str(exc))
         abort(1)
     except BaseException as exc:
         log.exception("unexpected error on rank %d; aborting the job", rank)
-        _record_failure(cfg, rank, _one_line(exc))
+        record_failure(cfg, rank, _one_line(exc))
         abort(1)
     return 1
 
@@ -235,21 +233,6 @@ def _select_device(cfg: TrainConfig, comm, log) -> DevicePlan:
     plan = select_device(requested, "master" if rank < cfg.servers else "worker", comm=comm, share=cfg.share_gpus)
     log.log(logging.INFO if plan.kind != "cpu" else logging.DEBUG, "%s", plan.describe())
     return plan
-
-
-def _record_failure(cfg: TrainConfig, rank: int, reason: str) -> None:
-    """Append a "failed" summary with its one-line reason to the run's metrics, from whichever rank
-    failed, so that the folder says how the run ended (rank 0 writes the file in append mode too:
-    whole lines appended by two ranks never overwrite each other)."""
-    path = Path(cfg.out) / "metrics.jsonl"
-    if not path.is_file():  # failed before the run's outputs existed: the error message is all there is
-        return
-    record = {"event": "summary", "status": "failed", "reason": reason.splitlines()[0] if reason else "", "rank": rank}
-    try:
-        with path.open("a") as fh:
-            fh.write(json_line(record))
-    except OSError:  # the disk that failed the run may fail this too: the log has the reason
-        pass
 
 
 def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, parts, outcome: JobOutcome,
@@ -366,7 +349,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: Wire
     from .master import Master
     from .servers import Leader, server_report
 
-    out, metrics, progress = _open_outputs(cfg, comm, log, scheme, problem, start, resume)
+    out, metrics, progress = open_outputs(cfg, comm, log, scheme, problem, start, resume)
     shards = shard_bounds(problem.dim, cfg.servers)
     leader = Leader(LeaderLink(comm, cfg.servers, cfg.poll_interval), shards) if cfg.servers > 1 else None
     params = problem.initial_params()
@@ -385,7 +368,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: Wire
     servers = None
     if leader is not None and not control.stopped_by:
         servers = [server_report(0, totals, link.bytes_received), *leader.end(totals.steps, cfg.grace)]
-    outcome.summary = _close_outputs(cfg, scheme, totals, control, time.monotonic() - began, metrics, progress,
+    outcome.summary = close_outputs(cfg, scheme, totals, control, time.monotonic() - began, metrics, progress,
                                      master.trajectory, servers)
     outcome.params, outcome.problem, outcome.out = master.full_params(), problem, cfg.out
     if control.stopped_by:
@@ -433,11 +416,11 @@ def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePl
         ddp.run_worker(cfg, peers, scheme, problem, DelayModel(cfg.delay, n, seed=cfg.seed))
         _log_rank_end(log, "ddp worker done")
         return 0
-    out, metrics, progress = _open_outputs(cfg, comm, log, scheme, problem, start)
+    out, metrics, progress = open_outputs(cfg, comm, log, scheme, problem, start)
     monitor = ddp.Monitor(cfg, peers, scheme, problem, metrics, progress)
     control = _control(cfg, out, monitor.evaluate, metrics)
     totals = monitor.run(control)
-    outcome.summary = _close_outputs(cfg, scheme, totals, control, time.monotonic() - monitor.began, metrics,
+    outcome.summary = close_outputs(cfg, scheme, totals, control, time.monotonic() - monitor.began, metrics,
                                      progress, monitor.trajectory)
     outcome.params, outcome.problem, outcome.out = monitor.params.copy(), problem, cfg.out
     if control.stopped_by:  # the workers are still in their loop: the abort ends them (status 3: requeue)
@@ -448,28 +431,6 @@ def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePl
     return EXIT_DIVERGED if totals.diverged else 0
 
 
-def _open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
-                  resume=None) -> tuple[Path, MetricsWriter, Progress]:
-    """Rank 0's outputs at the start of every run: the folder cleared with --overwrite,
-    metrics.jsonl (after a resume, with the earlier steps kept), config.json with the run's
-    provenance (the earlier starts' too after a resume), the first log line and the progress display."""
-    out = Path(cfg.out)
-    previous = None
-    if cfg.overwrite and run_folder.holds_run(out):
-        log.info("--overwrite: deleting the outputs of the run in %s", out)
-        run_folder.clear(out)
-    elif resume is not None and (out / "config.json").is_file():
-        previous = json.loads((out / "config.json").read_text()).get("provenance")
-    metrics = MetricsWriter(out, keep_steps_before=resume.step if resume else None)
-    write_json(out / "config.json", {"config": cfg.to_dict(), "world_size": comm.Get_size(), "workers": scheme.n,
-                                     **cfg.scheme_shape(scheme), "parameters": problem.dim,
-                                     "resumed_from_step": resume.step if resume else None,
-                                     "provenance": provenance.with_earlier_starts(start, previous)})
-    log.info("%s with n=%d workers, s=%d, c=%d; %s (%d parameters, %s); output in %s",
-             cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.describe_problem(), problem.dim, cfg.dtype, out)
-    return out, metrics, Progress(cfg.steps, cfg.log_interval, log)
-
-
 def _control(cfg: TrainConfig, out: Path, evaluate, metrics: MetricsWriter, servers=None):
     """The run's RunControl: evaluations, the target loss, checkpoints and stop signals (and the
     other servers' orders, with --servers: pgc_mpi.runtime.servers.Leader)."""
@@ -477,71 +438,6 @@ def _control(cfg: TrainConfig, out: Path, evaluate, metrics: MetricsWriter, serv
 
     return RunControl(ControlSettings(cfg.steps, cfg.eval_every, cfg.target_loss, cfg.checkpoint_every, lr=cfg.lr), out,
                       evaluate=evaluate, write=metrics.write, servers=servers)
-
-
-def _close_outputs(cfg: TrainConfig, scheme, totals, control, wall: float, metrics: MetricsWriter, progress: Progress,
-                   trajectory: list[np.ndarray], servers: list[dict] | None = None) -> dict:
-    """Rank 0's outputs at the end of every run: the summary record (with --servers, what each
-    server received), params.npy and the printed report. Returns the summary."""
-    progress.close()
-    summary = _summary(totals, control, wall, metrics.path, scheme.n)
-    if servers is not None:
-        summary["servers"] = servers
-    metrics.write(summary)
-    if cfg.record_params:
-        np.save(Path(cfg.out) / "params.npy", np.stack(trajectory))
-    _report(cfg, scheme, summary, control.last_eval, Path(cfg.out))
-    return summary
-
-
-def _summary(totals, control, wall: float, metrics_path: Path, workers: int) -> dict:
-    """The run's final `summary` record."""
-    from ..runs.results import waiting_saved
-
-    # from the file, not the Master: after a resume it also holds the steps of the earlier part
-    steps = _read_steps(metrics_path)
-    step_times = [r["step_time"] for r in steps]
-    saved = waiting_saved(steps, workers)
-    status = totals.diverged or (f"stopped by {control.stopped_by}" if control.stopped_by else "completed")
-    return {"event": "summary", "status": status,
-            "steps": totals.steps, "wall_time": wall,
-            "median_step_time": float(np.median(step_times)) if step_times else None,
-            "stragglers_skipped": totals.skipped, "late_messages": totals.late,
-            "rejected_stale": totals.rejected, "rejected_messages": totals.rejected_messages,
-            "deadline_missed": totals.deadline_missed, "stopped_at_target": control.stopped_early,
-            "waiting_saved_estimate": saved.seconds if saved else None,
-            "waiting_saved_lower_bound_steps": saved.steps - saved.steps_complete if saved else None,
-            **{f"final_{k}": v for k, v in control.last_eval.items()}}
-
-
-def _report(cfg: TrainConfig, scheme, summary: dict, last_eval: dict, out: Path) -> None:
-    """The few lines pgc-train prints at the end."""
-    scores = ", ".join(f"{k.replace('_', ' ')} {100 * v:.1f}%" if k.endswith("accuracy") else
-                       f"{k.replace('_', ' ')} {v:.4f}" for k, v in last_eval.items() if k != "step")
-    print(f"pgc-train: {cfg.scheme} (n={scheme.n}, s={scheme.s}) on {cfg.describe_problem()}: "
-          f"{summary['steps']} steps in {summary['wall_time']:.1f} s, median step "
-          f"{1e3 * (summary['median_step_time'] or 0):.1f} ms\n"
-          f"  {scores}\n"
-          f"  stragglers skipped {summary['stragglers_skipped']} worker-steps, late messages "
-          f"{summary['late_messages']}, over-stale messages rejected {summary['rejected_stale']}, "
-          f"deadline misses {summary['deadline_missed']}\n{_saved_line(summary)}  outputs: {out}", flush=True)
-
-
-def _saved_line(summary: dict) -> str:
-    """What not waiting for stragglers bought, as the report's line (empty where not estimated: pbs)."""
-    saved = summary.get("waiting_saved_estimate")
-    if saved is None:
-        return ""
-    bound = summary["waiting_saved_lower_bound_steps"]
-    share = f" ({100 * saved / summary['wall_time']:.0f}% of the run)" if summary["wall_time"] > 0 else ""
-    return (f"  waiting for every worker would have taken about {saved:.1f} s longer{share}, estimated from the "
-            f"workers' job times{f' (a lower bound: {bound} steps lack a message)' if bound else ''}\n")
-
-
-def _read_steps(path: Path) -> list[dict]:
-    from ..runs.results import read_steps
-
-    return read_steps(path.parent)  # with their per-message lists, from messages.bin
 
 
 def cli() -> None:

@@ -1,0 +1,114 @@
+"""Rank 0's outputs of a run: config.json and the first log line at the start (open_outputs),
+the summary record, params.npy and the printed report at the end (close_outputs), and the
+"failed" summary any rank appends when the run fails (record_failure)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..config import TrainConfig
+from ..runs import run_folder
+from ..runs.metrics import MetricsWriter, Progress, json_line, write_json
+from ..runs.results import read_steps
+from . import provenance
+
+
+def record_failure(cfg: TrainConfig, rank: int, reason: str) -> None:
+    """Append a "failed" summary with its one-line reason to the run's metrics, from whichever rank
+    failed, so that the folder says how the run ended (rank 0 writes the file in append mode too:
+    whole lines appended by two ranks never overwrite each other)."""
+    path = Path(cfg.out) / "metrics.jsonl"
+    if not path.is_file():  # failed before the run's outputs existed: the error message is all there is
+        return
+    record = {"event": "summary", "status": "failed", "reason": reason.splitlines()[0] if reason else "", "rank": rank}
+    try:
+        with path.open("a") as fh:
+            fh.write(json_line(record))
+    except OSError:  # the disk that failed the run may fail this too: the log has the reason
+        pass
+
+
+def open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
+                  resume=None) -> tuple[Path, MetricsWriter, Progress]:
+    """Rank 0's outputs at the start of every run: the folder cleared with --overwrite,
+    metrics.jsonl (after a resume, with the earlier steps kept), config.json with the run's
+    provenance (the earlier starts' too after a resume), the first log line and the progress display."""
+    out = Path(cfg.out)
+    previous = None
+    if cfg.overwrite and run_folder.holds_run(out):
+        log.info("--overwrite: deleting the outputs of the run in %s", out)
+        run_folder.clear(out)
+    elif resume is not None and (out / "config.json").is_file():
+        previous = json.loads((out / "config.json").read_text()).get("provenance")
+    metrics = MetricsWriter(out, keep_steps_before=resume.step if resume else None)
+    write_json(out / "config.json", {"config": cfg.to_dict(), "world_size": comm.Get_size(), "workers": scheme.n,
+                                     **cfg.scheme_shape(scheme), "parameters": problem.dim,
+                                     "resumed_from_step": resume.step if resume else None,
+                                     "provenance": provenance.with_earlier_starts(start, previous)})
+    log.info("%s with n=%d workers, s=%d, c=%d; %s (%d parameters, %s); output in %s",
+             cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.describe_problem(), problem.dim, cfg.dtype, out)
+    return out, metrics, Progress(cfg.steps, cfg.log_interval, log)
+
+
+def close_outputs(cfg: TrainConfig, scheme, totals, control, wall: float, metrics: MetricsWriter, progress: Progress,
+                   trajectory: list[np.ndarray], servers: list[dict] | None = None) -> dict:
+    """Rank 0's outputs at the end of every run: the summary record (with --servers, what each
+    server received), params.npy and the printed report. Returns the summary."""
+    progress.close()
+    summary = _summary(totals, control, wall, metrics.path, scheme.n)
+    if servers is not None:
+        summary["servers"] = servers
+    metrics.write(summary)
+    if cfg.record_params:
+        np.save(Path(cfg.out) / "params.npy", np.stack(trajectory))
+    _report(cfg, scheme, summary, control.last_eval, Path(cfg.out))
+    return summary
+
+
+def _summary(totals, control, wall: float, metrics_path: Path, workers: int) -> dict:
+    """The run's final `summary` record."""
+    from ..runs.results import waiting_saved
+
+    # from the file, not the Master: after a resume it also holds the steps of the earlier part
+    steps = read_steps(metrics_path.parent)  # with their per-message lists, from messages.bin
+    step_times = [r["step_time"] for r in steps]
+    saved = waiting_saved(steps, workers)
+    status = totals.diverged or (f"stopped by {control.stopped_by}" if control.stopped_by else "completed")
+    return {"event": "summary", "status": status,
+            "steps": totals.steps, "wall_time": wall,
+            "median_step_time": float(np.median(step_times)) if step_times else None,
+            "stragglers_skipped": totals.skipped, "late_messages": totals.late,
+            "rejected_stale": totals.rejected, "rejected_messages": totals.rejected_messages,
+            "deadline_missed": totals.deadline_missed, "stopped_at_target": control.stopped_early,
+            "waiting_saved_estimate": saved.seconds if saved else None,
+            "waiting_saved_lower_bound_steps": saved.steps - saved.steps_complete if saved else None,
+            **{f"final_{k}": v for k, v in control.last_eval.items()}}
+
+
+def _report(cfg: TrainConfig, scheme, summary: dict, last_eval: dict, out: Path) -> None:
+    """The few lines pgc-train prints at the end."""
+    scores = ", ".join(f"{k.replace('_', ' ')} {100 * v:.1f}%" if k.endswith("accuracy") else
+                       f"{k.replace('_', ' ')} {v:.4f}" for k, v in last_eval.items() if k != "step")
+    print(f"pgc-train: {cfg.scheme} (n={scheme.n}, s={scheme.s}) on {cfg.describe_problem()}: "
+          f"{summary['steps']} steps in {summary['wall_time']:.1f} s, median step "
+          f"{1e3 * (summary['median_step_time'] or 0):.1f} ms\n"
+          f"  {scores}\n"
+          f"  stragglers skipped {summary['stragglers_skipped']} worker-steps, late messages "
+          f"{summary['late_messages']}, over-stale messages rejected {summary['rejected_stale']}, "
+          f"deadline misses {summary['deadline_missed']}\n{_saved_line(summary)}  outputs: {out}", flush=True)
+
+
+def _saved_line(summary: dict) -> str:
+    """What not waiting for stragglers bought, as the report's line (empty where not estimated: pbs)."""
+    saved = summary.get("waiting_saved_estimate")
+    if saved is None:
+        return ""
+    bound = summary["waiting_saved_lower_bound_steps"]
+    share = f" ({100 * saved / summary['wall_time']:.0f}% of the run)" if summary["wall_time"] > 0 else ""
+    return (f"  waiting for every worker would have taken about {saved:.1f} s longer{share}, estimated from the "
+            f"workers' job times{f' (a lower bound: {bound} steps lack a message)' if bound else ''}\n")
+
+
