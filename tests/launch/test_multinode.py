@@ -224,10 +224,11 @@ def test_a_run_across_three_nodes_equals_the_same_run_on_one(cluster, tmp_path):
     assert np.abs(np.load(run / "params.npy") - np.load(local / "params.npy")).max() < 1e-10
 
 
-def test_the_readme_recipe_puts_the_master_on_a_node_of_its_own(cluster, tmp_path):
-    """The README's multi-node command, verbatim (from the project folder; only PGC_OUT added)."""
-    readme = (ROOT / "README.md").read_text()
-    line = next(line for line in readme.splitlines() if "PGC_MASTER_ALONE=1" in line and line.startswith("sbatch"))
+def test_the_clusters_guide_recipe_puts_the_master_on_a_node_of_its_own(cluster, tmp_path):
+    """The multi-node command of docs/clusters.md (Across nodes), verbatim (from the project folder; only PGC_OUT
+    added)."""
+    guide = (ROOT / "docs" / "clusters.md").read_text()
+    line = next(line for line in guide.splitlines() if "PGC_MASTER_ALONE=1" in line and line.startswith("sbatch"))
     run = tmp_path / "alone"
     env = {**cluster, "PGC_OUT": str(run)}
     args = shlex.split(line)[1:]
