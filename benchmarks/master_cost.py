@@ -5,7 +5,7 @@
 For every (N, d) it runs `pgc-train --problem quadratic --dim d` under mpiexec with N workers
 (torch-free worker ranks, so 64 of them fit on one machine), emulated compute (--compute-time:
 ranks that share cores behave like cluster nodes) and injected delays, then reads the master's
-own work per step from the step records (receive, decode, update, send: see README, Outputs)
+own work per step from the step records (receive, decode, update, send: see docs/outputs.md)
 and compares the median step time with the simulator's for the same settings (whose master
 takes no time). Printed: one markdown table row per (N, d), medians over the steps after the
 first few (start-up), the simulated step time beside the measured one, the time from launch to

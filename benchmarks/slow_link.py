@@ -35,7 +35,7 @@ from pgc_mpi.runs.results import run_completed, summarize_run
 from pgc_mpi.runs.stats import interval
 
 # a start that fails or hangs before the first step is started again: on the emulated cluster
-# Slurm's pmi2 plugin now and then misreads MPICH's start-up exchange (README, Across nodes; in
+# Slurm's pmi2 plugin now and then misreads MPICH's start-up exchange (docs/clusters.md, Across nodes; in
 # the runs of docs/BENCHMARKS.md §16, 0 of 20 starts once and 9 of 15 another time); a real
 # cluster may lose a node at start
 START_ATTEMPTS = 3

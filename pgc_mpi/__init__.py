@@ -1,6 +1,6 @@
 """pgc-mpi: pipelined gradient coding and its baselines on an MPI parameter server.
 
-The public API is what `__all__` lists (the README's "Python API" shows it in use). Names are
+The public API is what `__all__` lists (docs/api.md shows it in use). Names are
 imported on first use, so `import pgc_mpi` (and `pgc-train --help`, and every configuration
 error) costs no torch import.
 """

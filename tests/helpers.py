@@ -123,3 +123,19 @@ def slurm_release_requeued(env: dict, job: str, *updates: str) -> None:
 def slurm_job_gone(env: dict, job: str) -> bool:
     """Whether the job has left the queue or finished (COMPLETED/FAILED/CANCELLED/TIMEOUT linger a while)."""
     return slurm_job_state(env, job) in ("", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY")
+
+
+def daemon_state_dir(variable: str, name: str) -> tuple[Path, bool]:
+    """The folder a test cluster keeps its daemons' state in: $VARIABLE when set (.ci/run sets it,
+    to take the daemons down even if the tests die), else a new folder under /tmp that the
+    daemons' own users (munge, slurm) can enter: pytest's temporary folders are root's, mode 0700,
+    and munged refuses a log file it cannot check. Returns (folder, whether the caller made it and
+    removes it afterwards)."""
+    import tempfile
+
+    given = os.environ.get(variable)
+    if given:
+        return Path(given), False
+    folder = Path(tempfile.mkdtemp(prefix=f"pgc-{name}-", dir="/tmp"))
+    folder.chmod(0o755)
+    return folder, True

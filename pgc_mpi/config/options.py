@@ -101,7 +101,7 @@ _HELP = {
     "compute_time": "emulate a cluster's compute: every partition gradient takes at least this many seconds (the "
                     "real gradient is computed and the rest slept), so ranks sharing cores behave like nodes",
     "device": "where the workers compute their gradients: cpu, cuda (a GPU per worker, chosen by its rank on its "
-              "node: see the README) or auto (cuda where a GPU is visible)",
+              "node: see docs/gpus.md) or auto (cuda where a GPU is visible)",
     "master_device": "where the master evaluates the model: cpu, cuda or auto (decoding and the optimizer step "
                      "stay on the CPU in this version)",
     "servers": "parameter servers K: ranks 0..K-1 each hold, decode and update one contiguous shard of the "

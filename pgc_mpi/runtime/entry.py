@@ -7,7 +7,7 @@ import sys
 
 # mpi4py is a dependency, an MPI library is not: the [mpich] extra's, or the site's.
 MPI_MISSING = ("pgc-train needs an MPI library and mpi4py cannot load one: pip install 'pgc-mpi[mpich]' "
-               "(MPICH from a wheel), or build mpi4py against your site MPI (README: Other machines)")
+               "(MPICH from a wheel), or build mpi4py against your site MPI (docs/install.md)")
 
 
 def mpi_loads() -> bool:

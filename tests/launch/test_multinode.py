@@ -22,7 +22,15 @@ import pytest
 
 from pgc_mpi.runs.run_folder import checkpoint_name
 
-from helpers import events_of, run_train, slurm_job_gone, slurm_job_state, slurm_release_requeued, steps_of
+from helpers import (
+    daemon_state_dir,
+    events_of,
+    run_train,
+    slurm_job_gone,
+    slurm_job_state,
+    slurm_release_requeued,
+    steps_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = ROOT / "launch" / "slurm"
@@ -41,7 +49,8 @@ def cluster(tmp_path_factory):
             pytest.fail(f"the emulated cluster cannot come up ({why}): CI must run as root with Slurm and iproute2")
         pytest.skip(f"the emulated cluster needs root, Slurm and iproute2 ({why})")
     # PGC_MN_DIR lets .ci/run take the cluster down even if this test process dies
-    state = os.environ.get("PGC_MN_DIR") or str(tmp_path_factory.mktemp("multinode"))
+    folder, made = daemon_state_dir("PGC_MN_DIR", "multinode")
+    state = str(folder)
     env = {**os.environ, "PGC_MN_DIR": state}
     subprocess.run([str(SLURM_DIR / "multinode-down.sh")], env=env, capture_output=True, timeout=60)
     up = subprocess.run([str(SLURM_DIR / "multinode-up.sh"), "3", "8"], env=env, capture_output=True, text=True,
@@ -52,6 +61,8 @@ def cluster(tmp_path_factory):
     _wait_for_mpi_across_nodes(ready, tmp_path_factory.mktemp("mpi-ready"))
     yield ready
     subprocess.run([str(SLURM_DIR / "multinode-down.sh")], env=env, capture_output=True, timeout=120)
+    if made:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _wait_for_mpi_across_nodes(env: dict, folder: Path, attempts: int = 3) -> None:

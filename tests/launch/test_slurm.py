@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import events_of, slurm_job_gone, slurm_release_requeued, steps_of
+from helpers import daemon_state_dir, events_of, slurm_job_gone, slurm_release_requeued, steps_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = ROOT / "launch" / "slurm"
@@ -42,7 +42,7 @@ def slurm(tmp_path_factory):
             pytest.fail("Slurm is missing: CI must install slurmctld slurmd slurm-client munge")
         pytest.skip("Slurm is not installed (apt-get install slurmctld slurmd slurm-client munge)")
     # PGC_SLURM_DIR lets .ci/run stop the daemons by pid even if this test process dies
-    state = Path(os.environ["PGC_SLURM_DIR"]) if os.environ.get("PGC_SLURM_DIR") else tmp_path_factory.mktemp("slurm")
+    state, made = daemon_state_dir("PGC_SLURM_DIR", "slurm")
     up = subprocess.run([str(SLURM_DIR / "cluster-up.sh"), str(state), "16"], capture_output=True, text=True,
                         timeout=180)
     assert up.returncode == 0, up.stdout + up.stderr
@@ -50,6 +50,8 @@ def slurm(tmp_path_factory):
            "MPIEXEC_TIMEOUT": "300", "OMP_NUM_THREADS": "1"}
     yield env
     subprocess.run([str(SLURM_DIR / "cluster-down.sh"), str(state)], capture_output=True, timeout=60)
+    if made:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def _fnv1a(text: str) -> int:
