@@ -32,7 +32,7 @@ commit, so every shard steps with the same rate.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -40,8 +40,15 @@ from ..core.table import PartitionTable
 from .optim import FlatOptimizer
 from .problems import Problem
 
-if TYPE_CHECKING:
-    from ..runtime.servers import Leader
+
+class Peers(Protocol):
+    """What the diagnostics ask of the other servers (pgc_mpi.runtime.servers.Leader, with --servers K)."""
+
+    def decode(self, step: int, probe: int | None) -> None: ...
+
+    def diagnosis(self, sums: np.ndarray, now: np.ndarray, old: np.ndarray | None
+                  ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]: ...
+
 
 ADAPT_FRACTION = 0.25
 ADAPT_FACTOR = 0.5
@@ -52,7 +59,7 @@ class TableDiagnostics:
     """Keeps the models the table's entries were computed at and measures the decomposition."""
 
     def __init__(self, problem: Problem | None, probe_every: int, horizon: int | None, adapt: bool = False,
-                 peers: Leader | None = None):
+                 peers: Peers | None = None):
         """`problem` serves the probes (None on a follower server, which never probes); `peers`: the
         other servers' shards' part (rank 0 of a sharded pbs run)."""
         self.problem, self.probe_every, self.adapt, self.peers = problem, probe_every, adapt, peers
