@@ -4,6 +4,7 @@ same one-line errors, the same stop and resume."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -38,6 +39,20 @@ def test_each_example_trains_under_mpiexec(tmp_path, example, scheme, metric):
     assert [e["step"] for e in evals] == [19, 39] and all(metric in e for e in evals)
     assert evals[-1]["train_loss"] < evals[0]["train_loss"] * 1.5  # trained, not diverged
     assert f"{scheme} (n=4" in proc.stdout  # the scheme the example chose, on 4 workers
+
+
+@pytest.mark.parametrize("example,flags,ranks", [
+    ("dataset_transform.py", ["--scheme", "ddp"], 4),  # the peer baseline: torch DDP among the workers
+    ("custom_cnn.py", ["--servers", "2", "--wire-dtype", "bfloat16"], 5),  # a sharded master, narrow messages
+])
+def test_fit_takes_every_pgc_train_option(tmp_path, example, flags, ranks):
+    out = tmp_path / "run"
+    proc = run_mpi(ranks, [str(EXAMPLES / example), "--steps", "12", "--eval-every", "6", *flags, "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = events_of(out, "summary")[0]
+    assert summary["status"] == "completed" and summary["steps"] == 12
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert all(str(config[flag[2:].replace("-", "_")]) == value for flag, value in zip(flags[::2], flags[1::2]))
 
 
 def test_an_example_stops_on_sigint_with_a_checkpoint_and_resumes_to_the_end(tmp_path):
