@@ -370,7 +370,10 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: Wire
         servers = [server_report(0, totals, link.bytes_received), *leader.end(totals.steps, cfg.grace)]
     outcome.summary = close_outputs(cfg, scheme, totals, control, time.monotonic() - began, metrics, progress,
                                      master.trajectory, servers)
-    outcome.params, outcome.problem, outcome.out = master.full_params(), problem, cfg.out
+    # master.w, not full_params(): with --servers K that gathers the shards, and the other servers are
+    # past their step loop by now (it would wait for them forever). The run's last step was
+    # evaluated, and the evaluation gathered the whole vector into master.w then.
+    outcome.params, outcome.problem, outcome.out = master.w.copy(), problem, cfg.out
     if control.stopped_by:
         # No stop handshake: the abort ends the workers anyway, and a signal often means that
         # part of the job is gone (Slurm cancels a step on a node failure with SIGTERM), where

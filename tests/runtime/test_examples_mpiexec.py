@@ -53,6 +53,8 @@ def test_fit_takes_every_pgc_train_option(tmp_path, example, flags, ranks):
     assert summary["status"] == "completed" and summary["steps"] == 12
     config = json.loads((out / "config.json").read_text())["config"]
     assert all(str(config[flag[2:].replace("-", "_")]) == value for flag, value in zip(flags[::2], flags[1::2]))
+    # fit returned on rank 0 (the example prints its result) and the job ended without an abort
+    assert f"outputs in {out}" in proc.stdout and "MPI_Abort" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_an_example_stops_on_sigint_with_a_checkpoint_and_resumes_to_the_end(tmp_path):
