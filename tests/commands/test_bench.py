@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pgc_mpi.commands.bench import RunKey, aggregate, load_experiment, plan, run_options, winners
+from pgc_mpi.commands.bench import RunKey, aggregate, load_experiment, plan, run_options, run_toml, winners
 from pgc_mpi.commands.bench import main as bench
 from pgc_mpi.commands.plot import main as plot
+from pgc_mpi.config import config_from_args
 from pgc_mpi.core.message import MessageRecord
 from pgc_mpi.core.stragglers import DelayModel
 from pgc_mpi.errors import ConfigError
@@ -219,12 +220,12 @@ def test_waiting_saved_is_the_slowest_job_minus_the_slowest_used_one():
     assert waiting_saved([{"step": 0, "ages": [0], "messages": []}], 3) is None  # pbs: not estimated
 
 
-@pytest.mark.parametrize("backend", ["sim", "mpi"], ids=["simulated", "under-mpiexec"])
-def test_experiment_files_name_your_model_loss_and_data(tmp_path, backend):
-    """pgc-bench's [train] takes model, loss and dataset as PATH:NAME, simulated or run under MPI."""
+def test_experiment_files_name_your_model_loss_and_data(tmp_path):
+    """pgc-bench's [train] takes model, loss and dataset as PATH:NAME (simulated here; the MPI backend
+    hands them to pgc-train in the run's TOML file, as tests/runtime/test_examples_mpiexec.py's flags)."""
     nets = Path(__file__).resolve().parents[2] / "examples" / "nets.py"
     exp = tmp_path / "mine.toml"
-    exp.write_text(f'name = "mine"\nworkers = 2\nbackend = "{backend}"\nschemes = ["dgd", "pgc-cr"]\ns = [1]\n'
+    exp.write_text(f'name = "mine"\nworkers = 2\nbackend = "sim"\nschemes = ["dgd", "pgc-cr"]\ns = [1]\n'
                    f'seeds = [0]\n[train]\nsteps = 6\neval_every = 3\ncompute_time = 0.01\n'
                    f'model = "{nets}:make_model"\nloss = "{nets}:focal_loss"\ndataset = "{nets}:digits"\n')
     assert bench([str(exp), "--out", str(tmp_path / "out")]) == 0
@@ -233,3 +234,8 @@ def test_experiment_files_name_your_model_loss_and_data(tmp_path, backend):
         config = json.loads((run / "config.json").read_text())
         assert config["config"]["loss"] == f"{nets}:focal_loss" and config["parameters"] == 2730
         assert [r for r in read_metrics(run / "metrics.jsonl") if r.get("event") == "summary"][0]["steps"] == 6
+    # the MPI backend's run file: pgc-train reads the same three options from it
+    toml = tmp_path / "run.toml"
+    toml.write_text(run_toml(load_experiment(exp), RunKey("pgc-cr", 1, 0, 0)))
+    cfg = config_from_args(["--config", str(toml)])
+    assert (cfg.model, cfg.loss, cfg.dataset) == (f"{nets}:make_model", f"{nets}:focal_loss", f"{nets}:digits")

@@ -91,8 +91,8 @@ def test_the_flags_win_over_the_checkpoint_s_learning_rate(tmp_path, caplog):
 
 
 def test_an_unexpected_set_up_error_is_one_line_for_every_rank(monkeypatch, capsys):
-    from pgc_mpi.runtime import train
     from pgc_mpi.config import config_from_args
+    from pgc_mpi.runtime import train
 
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire\nsecond line")
