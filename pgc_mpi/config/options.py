@@ -17,11 +17,7 @@ from ..core.schemes import SCHEME_NAMES
 from ..core.stragglers import USAGE as DELAY_USAGE
 from ..core.wire import WIRE_DTYPES
 from ..learning.problems import PROBLEMS
-from .core import (
-    CORE_FIELDS,
-    CoreConfig,
-    _is_int,  # noqa: F401 - kept beside its users
-)
+from .core import CORE_FIELDS, CoreConfig
 from .train import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_DATASET,

@@ -161,17 +161,21 @@ def dataset_parts(found: object, what: str) -> tuple[Any, Any, Callable | None]:
     return found, None, getattr(found, "collate_fn", None)
 
 
-def parts_from_names(model: ModelLike, dataset: str, loss: str | None, seed: int, verify: bool) -> ProblemParts:
-    """pgc-train's, pgc-sim's and pgc-bench's parts: --model, --dataset and --loss."""
+def parts_of(model: object, read_source: Callable[[], Any], loss: object = None, metrics: object = None
+             ) -> ProblemParts:
+    """The parts, each checked: the model, then the loss, then the data `read_source()` gives, then
+    the metrics (the first bad one is the error). What every way of naming them comes down to."""
     module, model_label = model_of(model)
     loss_fn, loss_label = loss_of(loss)
-    return ProblemParts(module, source_from_spec(dataset, seed, verify), loss_fn, {}, model_label, loss_label)
+    return ProblemParts(module, read_source(), loss_fn, metrics_of(metrics), model_label, loss_label)
+
+
+def parts_from_names(model: ModelLike, dataset: str, loss: str | None, seed: int, verify: bool) -> ProblemParts:
+    """pgc-train's, pgc-sim's and pgc-bench's parts: --model, --dataset and --loss."""
+    return parts_of(model, lambda: source_from_spec(dataset, seed, verify), loss)
 
 
 def parts_from_objects(model: object, train_data: object, test_data: object = None, loss: object = None,
                        metrics: object = None, collate_fn: Callable | None = None) -> ProblemParts:
-    """pgc_mpi.fit's and pgc_mpi.simulate's parts, from the objects given."""
-    module, model_label = model_of(model)
-    loss_fn, loss_label = loss_of(loss)
-    return ProblemParts(module, source_of(train_data, test_data, collate_fn), loss_fn, metrics_of(metrics),
-                        model_label, loss_label)
+    """pgc_mpi.simulate's parts, from the objects given."""
+    return parts_of(model, lambda: source_of(train_data, test_data, collate_fn), loss, metrics)

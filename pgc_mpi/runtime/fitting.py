@@ -110,13 +110,12 @@ def _parts_factory(model, train_data, test_data, loss, metrics, collate_fn):
     and its dataset option are known then)."""
 
     def make(cfg: TrainConfig, verify: bool):
-        from ..learning.parts import ProblemParts, loss_of, metrics_of, model_of, source_from_spec
+        from ..learning.parts import parts_of, source_from_spec
         from ..learning.user_data import source_of
 
-        module, model_label = model_of(cfg.model if model is None else model)
-        loss_fn, loss_label = loss_of(loss)
-        source = (source_of(train_data, test_data, collate_fn) if train_data is not None else
-                  source_from_spec(cfg.dataset, cfg.seed, verify))
-        return ProblemParts(module, source, loss_fn, metrics_of(metrics), model_label, loss_label)
+        return parts_of(cfg.model if model is None else model,
+                        lambda: (source_of(train_data, test_data, collate_fn) if train_data is not None else
+                                 source_from_spec(cfg.dataset, cfg.seed, verify)),
+                        loss, metrics)
 
     return make

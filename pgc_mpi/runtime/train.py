@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import math
 import os
 import socket
 import sys
@@ -289,7 +290,7 @@ def _same_model(comm, problem, prog: str) -> bool:
 
 
 def _count(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape)) if shape else 1
+    return math.prod(shape)
 
 
 def _gather_ranks(comm, log, start: dict, plan: DevicePlan) -> dict:
