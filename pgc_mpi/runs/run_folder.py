@@ -95,7 +95,7 @@ def plan(cfg: TrainConfig, workers: int) -> TrainConfig:
     another run's outputs and neither --resume nor --overwrite says what to do with them."""
     from dataclasses import replace
 
-    out = Path(cfg.out) if cfg.out else _resume_folder(cfg) or default_out(cfg.scheme)
+    out = resolve_out(cfg)
     cfg = replace(cfg, out=str(out))
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder; choose another --out")
@@ -120,6 +120,12 @@ def plan(cfg: TrainConfig, workers: int) -> TrainConfig:
         raise ConfigError(f"--out {out} already holds a run ({present}); continue it with --resume auto, delete "
                           f"its outputs with --overwrite, or choose another --out")
     return cfg
+
+
+def resolve_out(cfg: TrainConfig) -> Path:
+    """The run's output folder: --out, else the folder of a --resume checkpoint file, else a
+    default name (default_out)."""
+    return Path(cfg.out) if cfg.out else _resume_folder(cfg) or default_out(cfg.scheme)
 
 
 def _resume_folder(cfg: TrainConfig) -> Path | None:

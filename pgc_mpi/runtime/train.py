@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
-import math
 import os
 import socket
 import sys
@@ -32,7 +31,7 @@ from ..core.message import Layout, buffers_per_message, gradient_header
 from ..core.stragglers import DelayModel
 from ..core.wire import WireFormat, wire_format
 from ..errors import ConfigError, PgcError
-from ..runs import run_folder
+from ..runs import run_folder, run_lock
 from ..runs.metrics import (
     MetricsWriter,
     configure_logging,
@@ -40,6 +39,7 @@ from ..runs.metrics import (
     setup_logging,
 )
 from . import provenance, shm, signals
+from .checks import one_line, same_model, say
 from .devices import DevicePlan, cuda_aware_mpi, select_device
 from .links import FollowerLink, LeaderLink
 from .outputs import close_outputs, open_outputs, record_failure
@@ -78,20 +78,29 @@ def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = Fal
     except torch.cuda.OutOfMemoryError as exc:
         flag = "--master-device" if plan.role == "master" else "--device"
         raise ConfigError(f"the {cfg.model} model and its data do not fit on {plan.name} "
-                          f"({_one_line(exc)}): use a smaller model or --batch-size, fewer ranks per GPU, or "
+                          f"({one_line(exc)}): use a smaller model or --batch-size, fewer ranks per GPU, or "
                           f"{flag} cpu") from None
     return with_sampling(problem, cfg.fixed_minibatch)
 
 
-def _configure(make_config: Callable[[], TrainConfig], ranks: int) -> TrainConfig:
+def _configure(make_config: Callable[[], TrainConfig], ranks: int, prog: str) -> TrainConfig:
     """On rank 0: the configuration `make_config` builds (pgc-train's flags and TOML file, or
     pgc_mpi.fit's keywords), validated for an MPI world of `ranks` ranks, with its output folder
-    settled (run_folder.plan: a folder holding another run is refused; imports no torch)."""
+    locked (run_lock: a folder another run is writing to is refused) and then settled
+    (run_folder.plan: a folder holding another run is refused; imports no torch)."""
+    from dataclasses import replace
+
     cfg = make_config()
     workers = cfg.workers_of(ranks)
     cfg.validate(workers)
     make_log_dir(cfg.log_dir)
-    return run_folder.plan(cfg, workers)
+    out = run_folder.resolve_out(cfg)
+    lock = run_lock.acquire(out, prog)  # released by run_job when the run ends (or by abort)
+    try:
+        return run_folder.plan(replace(cfg, out=str(out)), workers)
+    except BaseException:
+        lock.release()
+        raise
 
 
 def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan, parts) -> tuple:
@@ -123,28 +132,15 @@ def _outcome(action, prog: str = "pgc-train") -> tuple[int | None, object]:
     except SystemExit as exc:  # --help, or a flag argparse rejected (it printed the message)
         return exc.code if isinstance(exc.code, int) else 2, None
     except PgcError as exc:
-        _say(f"{prog}: error: {exc}")
+        say(f"{prog}: error: {exc}")
         return 2, None
     except Exception as exc:  # noqa: BLE001 - any exception: see the docstring
-        _say(f"{prog}: error: {_one_line(exc)} while setting up the run")
+        say(f"{prog}: error: {one_line(exc)} while setting up the run")
         if os.environ.get("PGC_DEBUG"):
             traceback.print_exc()
         else:
-            _say(f"{prog}: (set PGC_DEBUG=1 for the traceback)")
+            say(f"{prog}: (set PGC_DEBUG=1 for the traceback)")
         return 1, None
-
-
-def _say(line: str) -> None:
-    """One line on standard error in a single write: mpiexec interleaves the ranks' output write by
-    write, and a message whose newline came in a second write ran into another rank's line."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception as one line: its type, and its message's first line."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _identity(cfg: TrainConfig, scheme, dim: int) -> dict:
@@ -179,6 +175,14 @@ def run_job(make_config: Callable[[], TrainConfig], argv: list[str], parts=None,
     data. Returns the exit status;
     `outcome` receives rank 0's summary and final parameters. `argv`: the command line recorded in
     config.json's provenance; `prog`: the name in error messages."""
+    try:
+        return _run_job(make_config, argv, parts, outcome, prog)
+    finally:
+        run_lock.release_all()  # rank 0's lock on the output folder (taken in _configure)
+
+
+def _run_job(make_config: Callable[[], TrainConfig], argv: list[str], parts, outcome: JobOutcome | None,
+             prog: str) -> int:
     signals.install()
     comm = duplicate_world()
     # every rank is past MPI_Init (the Dup is a collective): MPICH's start-up segment can go now,
@@ -190,7 +194,7 @@ def run_job(make_config: Callable[[], TrainConfig], argv: list[str], parts=None,
     # errors are immediate), then the master's data and checkpoint, while the workers import
     # torch (seconds) in the meantime, unless the problem is synthetic (they never do then).
     # (each wait for rank 0 sleeps, wait_for_all: spinning workers would starve it of shared cores)
-    status, cfg = _outcome(lambda: _configure(make_config, size), prog) if rank == 0 else (None, None)
+    status, cfg = _outcome(lambda: _configure(make_config, size, prog), prog) if rank == 0 else (None, None)
     wait_for_all(comm)
     status, value = comm.bcast((status, cfg.to_dict() if cfg is not None else None), root=0)
     if status is not None:
@@ -221,7 +225,7 @@ def run_job(make_config: Callable[[], TrainConfig], argv: list[str], parts=None,
         abort(1)
     except BaseException as exc:
         log.exception("unexpected error on rank %d; aborting the job", rank)
-        record_failure(cfg, rank, _one_line(exc))
+        record_failure(cfg, rank, one_line(exc))
         abort(1)
     return 1
 
@@ -250,7 +254,7 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
             raise PgcError("ranks built different encoding matrices (different numpy versions?)")
     problem, resume = (state if rank == 0 else (None, None) if rank < servers else
                        (_problem(cfg, n, scheme.placement[rank - servers], plan=plan, parts=parts), None))
-    if not _same_model(comm, problem, prog):
+    if not same_model(comm, problem, prog):
         return 2
     start = _gather_ranks(comm, log, start, plan)
     wire = wire_format(cfg.wire_dtype, cfg.dtype)
@@ -267,30 +271,6 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
     if rank > 0:
         return _run_follower(cfg, comm, log, scheme, header, wire)
     return _run_master(cfg, comm, log, scheme, problem, header, wire, resume, start, outcome)
-
-
-def _same_model(comm, problem, prog: str) -> bool:
-    """Whether every rank that built a problem built the same parameters (count and shapes, in
-    order; a collective). Rank 0 says which rank differs, in one line, otherwise: a factory that
-    reads something rank-dependent, or files that differ between nodes."""
-    shapes = getattr(problem, "param_shapes", None) if problem is not None else None
-    gathered = comm.gather(shapes, root=0)
-    message = None
-    if comm.Get_rank() == 0:
-        mine = gathered[0]
-        for rank, theirs in enumerate(gathered):
-            if theirs is not None and theirs != mine:
-                message = (f"{prog}: error: rank {rank} built a model with {len(theirs)} parameter tensors "
-                           f"({sum(_count(s) for s in theirs)} numbers), rank 0 one with {len(mine)} "
-                           f"({sum(_count(s) for s in mine)}): every rank must build the same model (a factory "
-                           f"that depends on the rank, or files that differ between nodes?)")
-                _say(message)
-                break
-    return comm.bcast(message, root=0) is None
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
 
 
 def _gather_ranks(comm, log, start: dict, plan: DevicePlan) -> dict:
@@ -412,7 +392,7 @@ def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePl
     rank, n = comm.Get_rank(), comm.Get_size() - 1
     scheme = ddp.booking_scheme(n, cfg.seed)
     problem = state[0] if rank == 0 else _problem(cfg, n, partitions=scheme.placement[rank - 1], parts=parts)
-    if not _same_model(comm, problem, prog):
+    if not same_model(comm, problem, prog):
         return 2
     start = _gather_ranks(comm, log, start, plan)
     peers = ddp.connect(comm, problem)

@@ -83,6 +83,9 @@ def abort(code: int) -> NoReturn:
     The whole job is meant, so this is the one place that uses COMM_WORLD: MPICH's mpiexec
     reports the code given to Abort on the world communicator (9 for a duplicate).
     """
+    from ..runs.run_lock import release_all
+
+    release_all()  # rank 0's lock on the run folder: MPI_Abort skips every clean-up
     sys.stdout.flush()
     sys.stderr.flush()
     time.sleep(0.5)  # let mpiexec forward what the ranks printed: an abort can drop output in transit

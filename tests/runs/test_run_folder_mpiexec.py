@@ -45,6 +45,8 @@ def test_resume_auto_continues_a_killed_run_with_every_step_once(tmp_path):
     assert len(list((out / "checkpoints").glob("ckpt-*.h5"))) >= 2 and not events_of(out, "summary")
     proc = run_train(4, [*ARGS, "--resume", "auto", "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"taking over the lock of {out} left by pgc-train" in proc.stderr  # its rank 0 was killed
+    assert not (out / "run.lock").exists()
     steps = [r["step"] for r in steps_of(out)]
     assert steps == list(range(40)), (written, steps)
     assert [r["status"] for r in events_of(out, "summary")] == ["completed"]
@@ -52,3 +54,23 @@ def test_resume_auto_continues_a_killed_run_with_every_step_once(tmp_path):
     assert config["resumed_from_step"] >= 20 and len(config["provenance"]["earlier_starts"]) == 1
     again = run_train(4, [*ARGS, "--resume", "auto", "--seed", "9", "--out", str(out)])
     assert again.returncode == 2 and "describes another run: seed 0 (this run: 9)" in again.stderr
+
+
+def test_a_second_run_on_a_folder_in_use_is_refused_and_the_first_is_one_run(tmp_path):
+    """Two submissions of one batch script at once: before run.lock, both ran to exit 0 and the
+    folder held both runs' steps and two summaries under the second one's config.json."""
+    out = tmp_path / "run"
+    args = ["--problem", "quadratic", "--steps", "400", "--delay", "exp:0.01", "--eval-every", "100"]
+    first = start_train(3, args, out)
+    until = time.monotonic() + 60
+    while time.monotonic() < until and not (out / "metrics.jsonl").is_file():
+        time.sleep(0.05)
+    for extra in ([], ["--overwrite"], ["--resume", "auto"]):
+        proc = run_train(3, [*args, "--seed", "5", *extra, "--out", str(out)])
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert f"--out {out} is in use by another run (pgc-train, pid" in proc.stderr
+        assert first.poll() is None, "the first run must still be running: make it longer"
+    assert first.wait(timeout=120) == 0
+    assert [r["step"] for r in steps_of(out)] == list(range(400))
+    assert len(events_of(out, "summary")) == 1 and not (out / "run.lock").exists()
+    assert json.loads((out / "config.json").read_text())["config"]["seed"] == 0
