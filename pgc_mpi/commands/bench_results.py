@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import TrainConfig
-from ..runs.results import PAPER_RUN, RunSummary, run_completed, summarize_run
+from ..runs.results import PAPER_RUN, RunSummary, lost_detail_note, read_steps, run_completed, summarize_run
 from ..runs.stats import Interval, interval
 
 if TYPE_CHECKING:
@@ -166,6 +166,12 @@ def gather(exp: dict[str, Any], out: Path, todo: list[RunKey]) -> int:
                  f"(every {train.get('eval_every', TrainConfig.eval_every)} steps) at or below the target; decoded "
                  "(the paper's rule): each step's mean minibatch loss over the messages the master used at or below "
                  f"the target for {PAPER_RUN} consecutive steps\n\n" + stopping_rules_table(aggregated) + "\n")
+    notes = [note for r, d in zip(rows, finished.values()) if r.steps_detail_lost
+             and (note := lost_detail_note(d.name, read_steps(d)))]
+    if notes:
+        text += "\n## Runs with lost per-message detail\n\n" + "\n".join(f"- {note}" for note in notes) + "\n"
+        for note in notes:
+            print(f"pgc-bench: {note}", file=sys.stderr)
     (out / "results.md").write_text(text)
     print(text)
     from .plot import PLOT_EXTRA, draw, draw_ratios, have_matplotlib

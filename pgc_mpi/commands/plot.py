@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..runs.results import curve, load_run
+from ..runs.results import curve, load_run, lost_detail_note
 
 # matplotlib is optional (the [plot] extra): pgc-plot refuses to start without it, pgc-bench skips
 # its figures; either says so in one line with this command.
@@ -74,6 +74,10 @@ def draw(runs: list[Path], out: Path, target: float | None = None) -> list[Path]
 
     out.mkdir(parents=True, exist_ok=True)
     loaded = [(d.name, *load_run(d)) for d in runs]
+    for name, _, steps, _, _ in loaded:
+        note = lost_detail_note(name, steps)
+        if note:
+            print(f"pgc-plot: {note}", file=sys.stderr)
     all_s = sorted({c["config"].get("stragglers", 0) for _, c, *_ in loaded})
     title = _title(loaded) if loaded else ""
     written = []

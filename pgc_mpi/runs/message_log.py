@@ -35,9 +35,12 @@ the first is flagged: the lists come out the same. A list the flags could not ex
 seen: the collectors' lists are subsequences of their messages) stays in the JSON record.
 
 Crash safety: a block is written in one write and flushed before its step's JSON line, so a
-record always has its block; a killed job leaves at most one partial last block, which the
-reader detects (length, CRC) and ignores with anything after it. A resume cuts the file after
-the last block of a step before the resume step, as MetricsWriter cuts metrics.jsonl.
+record always has its block; a killed job leaves at most one partial last block. Damage is
+contained: the reader (`scan`) checks every block (magic, length, CRC), skips a bad one to the
+next intact block instead of dropping the rest of the file, and `with_messages` marks the step
+records whose block is lost (`detail_lost`) and warns (DetailLostWarning) naming the file, the
+steps and the damaged bytes. A resume cuts the file after the last block of a step before the
+resume step, as MetricsWriter cuts metrics.jsonl, and says so when it cuts a partial last block.
 
 `read_steps` returns the records as json.loads read them when metrics.jsonl held everything:
 messages as lists in MessageRecord's order with None for NaN, versions keyed by strings.
@@ -45,8 +48,10 @@ messages as lists in MessageRecord's order with None for NaN, versions keyed by 
 
 from __future__ import annotations
 
+import logging
 import math
 import struct
+import warnings
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -228,21 +233,70 @@ class Block:
         return out
 
 
-def blocks(path: Path) -> Iterator[tuple[int, Block]]:
-    """(offset of its end, block) of every whole block of a messages.bin, in file order; stops at
-    the first partial or damaged one (a killed job's last write). Nothing if there is no file."""
+@dataclass(frozen=True)
+class Damage:
+    """Bytes of a messages.bin that hold no whole block: [start, end) in the file, between the
+    blocks of steps `after` and `before` (None: the file's start, or its end)."""
+
+    start: int
+    end: int
+    after: int | None
+    before: int | None
+
+    def describe(self) -> str:
+        where = (f"between the blocks of steps {self.after} and {self.before}" if self.after is not None and
+                 self.before is not None else f"after the block of step {self.after}" if self.after is not None
+                 else f"before the block of step {self.before}" if self.before is not None else "with no whole block")
+        return f"bytes {self.start}..{self.end} {where}"
+
+
+class DetailLostWarning(UserWarning):
+    """A messages.bin lost some steps' per-message detail (damaged or cut short)."""
+
+
+def _block_at(data: bytes, at: int) -> tuple[int, Block] | None:
+    """(its end, the block) when a whole, intact block starts at `at`, else None."""
+    if at + HEADER.size > len(data):
+        return None
+    magic, fmt, moved, c, step, rows, ages, length, crc = HEADER.unpack_from(data, at)
+    body = data[at + HEADER.size:at + HEADER.size + length]
+    if magic != MAGIC or fmt != FORMAT or len(body) != length or zlib.crc32(body) != crc:
+        return None
+    return at + HEADER.size + length, Block(moved, c, step, rows, ages, body)
+
+
+def scan(path: Path) -> tuple[list[tuple[int, Block]], list[Damage]]:
+    """The (offset of its end, block) of every whole block of a messages.bin, in file order, and the
+    damaged stretches between them. A bad block (a flipped byte: its CRC; a cut: its length) costs
+    only itself: the scan moves on to the next intact block, found by its magic bytes, header and
+    CRC. A killed job's partial last block is a damaged stretch at the end (`before` None)."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
-        return
-    at = 0
-    while at + HEADER.size <= len(data):
-        magic, fmt, moved, c, step, rows, ages, length, crc = HEADER.unpack_from(data, at)
-        body = data[at + HEADER.size:at + HEADER.size + length]
-        if magic != MAGIC or fmt != FORMAT or len(body) != length or zlib.crc32(body) != crc:
-            return
-        at += HEADER.size + length
-        yield at, Block(moved, c, step, rows, ages, body)
+        return [], []
+    found, damage, at, bad_from = [], [], 0, None
+    while at < len(data):
+        whole = _block_at(data, at)
+        if whole is None:
+            if bad_from is None:
+                bad_from = at
+            nxt = data.find(MAGIC, at + 1)
+            at = len(data) if nxt < 0 else nxt
+            continue
+        if bad_from is not None:
+            damage.append(Damage(bad_from, at, found[-1][1].step if found else None, whole[1].step))
+            bad_from = None
+        found.append(whole)
+        at = whole[0]
+    if bad_from is not None:
+        damage.append(Damage(bad_from, len(data), found[-1][1].step if found else None, None))
+    return found, damage
+
+
+def blocks(path: Path) -> Iterator[tuple[int, Block]]:
+    """(offset of its end, block) of every whole block of a messages.bin, in file order (damaged
+    stretches skipped: see scan). Nothing if there is no file."""
+    yield from scan(path)[0]
 
 
 class MessageLog:
@@ -257,10 +311,13 @@ class MessageLog:
         self.path = out_dir / NAME
         keep = 0
         if keep_steps_before is not None:
-            for end, block in blocks(self.path):
-                if block.step >= keep_steps_before:
-                    break
-                keep = end
+            found, damage = scan(self.path)
+            keep = max((end for end, block in found if block.step < keep_steps_before), default=0)
+            torn = [d for d in damage if d.before is None and d.start >= keep]
+            if torn:  # a killed job's last write: cut as the resume cuts the abandoned blocks
+                logging.getLogger("pgc_mpi").warning(
+                    "%s: cutting a partial last block (%s, %d bytes) left by the job that stopped",
+                    self.path, torn[0].describe(), torn[0].end - torn[0].start)
         try:
             if keep:
                 with self.path.open("r+b") as fh:
@@ -288,14 +345,38 @@ class MessageLog:
 def with_messages(steps: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
     """Step records of OUT/metrics.jsonl with their lists from OUT/messages.bin put back (in place;
     returned). A list the record holds itself (written before messages.bin existed, or one the
-    block could not express) stays; a record whose block is missing stays as it is."""
+    block could not express) stays. A record whose block is missing (messages.bin damaged or
+    cut) gets `"detail_lost": true`, and a DetailLostWarning names the file, the steps and the
+    damaged bytes."""
     wanted = {r["step"] for r in steps if "n_messages" in r and "messages" not in r}
     if not wanted:
         return steps
-    found = {b.step: b for _, b in blocks(Path(out_dir) / NAME) if b.step in wanted}
+    path = Path(out_dir) / NAME
+    found, damage = scan(path)
+    by_step = {b.step: b for _, b in found if b.step in wanted}
+    lost = []
     for record in steps:
-        block = found.get(record["step"])
+        block = by_step.get(record["step"])
         if block is not None and "messages" not in record:
             for key, value in block.lists().items():
                 record.setdefault(key, value)
+        elif record["step"] in wanted:
+            record["detail_lost"] = True
+            lost.append(record["step"])
+    if lost:
+        why = "; damaged: " + ", ".join(d.describe() for d in damage) if damage else \
+            ("" if path.exists() else " (the file is missing)")
+        warnings.warn(f"{path}: the per-message detail of {len(lost)} steps is lost ({step_ranges(lost)}){why}",
+                      DetailLostWarning, stacklevel=2)
     return steps
+
+
+def step_ranges(steps: list[int]) -> str:
+    """Steps as ranges: [3, 4, 5, 9] -> 'steps 3-5, 9'."""
+    spans: list[list[int]] = []
+    for step in sorted(steps):
+        if spans and step == spans[-1][1] + 1:
+            spans[-1][1] = step
+        else:
+            spans.append([step, step])
+    return "steps " + ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)

@@ -50,6 +50,7 @@ class RunSummary:
     bytes_per_step: float
     max_staleness: int
     mean_staleness: float
+    steps_detail_lost: int = 0  # steps whose per-message detail messages.bin lost (see lost_detail)
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -64,6 +65,22 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict], list[dict], str]:
     records = read_metrics(Path(run_dir) / "metrics.jsonl")
     steps = with_messages([r for r in records if "event" not in r], run_dir)
     return config, steps, [r for r in records if r.get("event") == "eval"], run_status(records)
+
+
+def lost_detail(steps: list[dict]) -> list[int]:
+    """The steps whose per-message detail is lost (their messages.bin block is damaged or missing)."""
+    return [r["step"] for r in steps if r.get("detail_lost")]
+
+
+def lost_detail_note(run: str, steps: list[dict]) -> str | None:
+    """One line naming a run whose messages.bin lost detail, and what that leaves out (None: whole)."""
+    from .message_log import step_ranges
+
+    lost = lost_detail(steps)
+    if not lost:
+        return None
+    return (f"{run}: the per-message detail of {len(lost)} of {len(steps)} steps is lost ({step_ranges(lost)}; "
+            f"messages.bin damaged): its utilization and wasted gradients count the other steps only")
 
 
 def run_status(records: list[dict]) -> str:
@@ -138,6 +155,7 @@ def summarize_run(run_dir: Path, target_loss: float | None, dgd_median: float | 
         wasted_gradients=int(sum(m.gradients for m in messages if m.verdict != "used")),
         bytes_per_step=steps[-1]["bytes_received"] / len(steps) if steps else math.nan,
         max_staleness=int(max(staleness, default=0)), mean_staleness=float(np.mean(staleness)) if staleness else 0.0,
+        steps_detail_lost=len(lost_detail(steps)),
     )
 
 

@@ -239,3 +239,29 @@ def test_experiment_files_name_your_model_loss_and_data(tmp_path):
     toml.write_text(run_toml(load_experiment(exp), RunKey("pgc-cr", 1, 0, 0)))
     cfg = config_from_args(["--config", str(toml)])
     assert (cfg.model, cfg.loss, cfg.dataset) == (f"{nets}:make_model", f"{nets}:focal_loss", f"{nets}:digits")
+
+
+def test_runs_with_lost_detail_are_named_by_pgc_bench_and_pgc_plot(experiment, tmp_path, capsys):
+    import shutil
+
+    from pgc_mpi.runs.message_log import DetailLostWarning
+
+    out = tmp_path / "out"
+    shutil.copytree(experiment, out)
+    run = out / "pgc-cr-s1-d0-seed0"
+    data = (run / "messages.bin").read_bytes()
+    (run / "messages.bin").write_bytes(data[:len(data) // 2])  # a copy cut short
+    exp = tmp_path / "exp.toml"
+    exp.write_text(EXPERIMENT)
+    with pytest.warns(DetailLostWarning):
+        assert bench([str(exp), "--out", str(out), "--gather"]) == 0
+    err = capsys.readouterr().err
+    assert f"pgc-bench: {run.name}: the per-message detail of " in err and "of 12 steps is lost" in err
+    text = (out / "results.md").read_text()
+    assert "## Runs with lost per-message detail" in text and f"- {run.name}: " in text
+    rows = {r["run"]: r for r in csv.DictReader((out / "results.csv").open())}
+    assert int(rows[run.name]["steps_detail_lost"]) > 0 and rows["dgd-s1-d0-seed0"]["steps_detail_lost"] == "0"
+    with pytest.warns(DetailLostWarning):
+        assert plot([str(run), str(out / "dgd-s1-d0-seed0"), "--out", str(tmp_path / "fig")]) == 0
+    err = capsys.readouterr().err
+    assert f"pgc-plot: {run.name}: the per-message detail" in err and "dgd-s1-d0-seed0:" not in err

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from pgc_mpi.core.message import MessageRecord
-from pgc_mpi.runs.message_log import NAME, blocks, pack
+from pgc_mpi.runs.message_log import NAME, DetailLostWarning, blocks, pack, scan
 from pgc_mpi.runs.metrics import MetricsWriter, _plain, read_metrics
 from pgc_mpi.runs.results import read_steps
 from pgc_mpi.runs.run_folder import OUTPUTS
@@ -119,12 +119,60 @@ def test_a_truncated_or_damaged_last_block_is_ignored(tmp_path):
     whole = path.read_bytes()
     path.write_bytes(whole[:-7])  # killed while writing the last block
     assert [b.step for _, b in blocks(path)] == [0, 1, 2, 3]
-    got = read_steps(tmp_path)
-    assert all("messages" in r for r in got[:4]) and "messages" not in got[4]  # its block is lost, not invented
+    with pytest.warns(DetailLostWarning, match=r"detail of 1 steps is lost \(steps 4\); damaged: bytes"):
+        got = read_steps(tmp_path)
+    assert all("messages" in r and "detail_lost" not in r for r in got[:4])
+    assert "messages" not in got[4] and got[4]["detail_lost"]  # its block is lost, not invented
     path.write_bytes(whole[:-7] + b"\0" * 200)  # garbage after it
     assert [b.step for _, b in blocks(path)] == [0, 1, 2, 3]
-    path.write_bytes(whole[:40] + b"X" + whole[41:])  # a flipped byte in the first block's body: the CRC says so
-    assert list(blocks(path)) == []
+
+
+def _damaged_run(tmp_path, steps=40):
+    records = [{**_coded_record(), "step": t} for t in range(steps)]
+    _write(tmp_path, records)
+    return records, tmp_path / NAME
+
+
+def test_a_damaged_block_loses_only_itself(tmp_path):
+    """Before: one flipped byte at a third of a 40-step run's messages.bin left the detail of 13
+    steps and said nothing; a copy cut at half, 20."""
+    records, path = _damaged_run(tmp_path)
+    whole = path.read_bytes()
+    third = len(whole) // 3
+    path.write_bytes(whole[:third] + bytes([whole[third] ^ 0xFF]) + whole[third + 1:])
+    assert scan(tmp_path / "none") == ([], [])  # no file: nothing, no error
+    found, damage = scan(path)
+    assert len(found) == 39 and len(damage) == 1
+    bad = next(t for t in range(40) if t not in {b.step for _, b in found})
+    assert (damage[0].after, damage[0].before) == (bad - 1, bad + 1)
+    with pytest.warns(DetailLostWarning) as caught:
+        got = read_steps(tmp_path)
+    text = str(caught[0].message)
+    assert str(path) in text and f"(steps {bad})" in text
+    assert f"between the blocks of steps {bad - 1} and {bad + 1}" in text
+    assert [r["step"] for r in got if r.get("detail_lost")] == [bad]
+    for mine, record in zip(got, records):
+        if mine["step"] != bad:
+            _same(mine, record)
+
+
+def test_a_copy_cut_at_half_keeps_its_first_half_and_says_which_steps_are_lost(tmp_path):
+    records, path = _damaged_run(tmp_path)
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    with pytest.warns(DetailLostWarning, match=r"steps \d+-39"):
+        got = read_steps(tmp_path)
+    lost = [r["step"] for r in got if r.get("detail_lost")]
+    assert lost == list(range(lost[0], 40)) and 19 <= lost[0] <= 21
+    assert all("messages" in r for r in got[:lost[0]])
+
+
+def test_a_resume_cuts_a_torn_last_block_and_says_so(tmp_path, caplog):
+    _, path = _damaged_run(tmp_path, steps=10)
+    path.write_bytes(path.read_bytes()[:-5])  # killed writing step 9's block
+    with caplog.at_level("WARNING", logger="pgc_mpi"):
+        _write(tmp_path, [{**_coded_record(), "step": t} for t in range(8, 12)], keep_steps_before=8)
+    assert "cutting a partial last block (bytes" in caplog.text and "after the block of step 8" in caplog.text
+    assert [b.step for _, b in blocks(path)] == list(range(12)) and scan(path)[1] == []
 
 
 def test_a_resume_keeps_the_blocks_of_earlier_steps(tmp_path):
