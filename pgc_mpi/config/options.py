@@ -105,6 +105,9 @@ _HELP = {
                "arrivals, which the others repeat); the workers are ranks K and up; not with ddp",
     "share_gpus": "let several ranks of a node use the same GPU when there are more ranks that want one than GPUs "
                   "(otherwise an error)",
+    "memory_check": "before allocating, estimate what every rank will need (model, buffers, receive rows, "
+                    "optimizer state, data) and stop with one line when a node's ranks need more than its "
+                    "available memory or cgroup limit allows (--no-memory-check skips it)",
     "verify_data": "check the data file's sha256 checksum when opening it (--no-verify-data skips it; labels "
                    "and values are always checked; no effect with --problem)",
 }

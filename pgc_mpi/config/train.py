@@ -94,6 +94,7 @@ class TrainConfig(CoreConfig):
     resume: str | None = None
     record_params: bool = False
     verify_data: bool = True
+    memory_check: bool = True
     compute_time: float | None = None
     overwrite: bool = False
     log_interval: float = 10.0

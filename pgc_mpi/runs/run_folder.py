@@ -39,7 +39,7 @@ OUTPUTS = ("config.json", "messages.bin", "metrics.jsonl", "checkpoints", "param
 MAY_CHANGE_ON_RESUME = frozenset({
     "steps", "out", "resume", "overwrite", "eval_every", "target_loss", "checkpoint_every", "keep_checkpoints",
     "grace", "poll_interval", "threads", "verify_data", "record_params", "eval_train", "log_interval", "log_level",
-    "log_dir", "device", "master_device", "share_gpus", "servers",
+    "log_dir", "device", "master_device", "share_gpus", "servers", "memory_check",
 })
 
 

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import math
+import socket
 import sys
+from pathlib import Path
 
 
 def say(line: str) -> None:
@@ -42,3 +44,93 @@ def same_model(comm, problem, prog: str) -> bool:
 
 def _count(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
+
+
+def problem_size(cfg, problem, n: int):
+    """The ProblemSize of a run (pgc_mpi.config.memory), from rank 0's problem."""
+    from ..config.memory import synthetic_size, torch_size
+
+    if cfg.synthetic:
+        return synthetic_size(cfg)
+    info = problem.info
+    return torch_size(problem.dim, info.sample_shape, info.num_train, info.num_test, n,
+                      held=not getattr(problem.source, "lazy", False), eval_train=problem.eval_train)
+
+
+def available_memory() -> tuple[float, str]:
+    """(bytes the processes of this node may still allocate, where that figure comes from): the
+    node's MemAvailable, or less where a cgroup (Slurm's job cgroup, a container) allows less."""
+    best, source = math.inf, "unknown"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                best, source = int(line.split()[1]) * 1024.0, "MemAvailable"
+    except OSError:
+        pass
+    for limit, used, where in _cgroup_limits():
+        if limit - used < best:
+            best, source = float(limit - used), f"cgroup {where}: limit {limit / (1 << 30):.1f} GiB"
+    return best, source
+
+
+def _cgroup_limits():
+    """(limit, usage, folder) of this process's memory cgroup and of each of its ancestors that
+    has a limit (cgroup v2, or v1's memory controller)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            root, limit_file, usage_file = Path("/sys/fs/cgroup"), "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            root = Path("/sys/fs/cgroup/memory")
+            limit_file, usage_file = "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        folder = root / path.lstrip("/")
+        while True:
+            try:
+                limit = (folder / limit_file).read_text().strip()
+                used = int((folder / usage_file).read_text())
+                if limit != "max" and int(limit) < 1 << 60:  # v1 says "no limit" with a huge number
+                    yield int(limit), used, str(folder)
+            except (OSError, ValueError):
+                pass
+            if folder == root or folder.parent == folder:
+                break
+            folder = folder.parent
+
+
+def memory_fits(comm, cfg, scheme, size, prog: str) -> bool:
+    """Whether the ranks of every node can allocate what they will need (pgc_mpi.config.memory's
+    estimate; a collective), checked before they allocate it: otherwise rank 0 says, in one line,
+    which node, how much its ranks need and how much is available. With --no-memory-check: True."""
+    from mpi4py import MPI
+
+    from ..config.memory import gib, rank_need
+
+    if not cfg.memory_check:
+        return True
+    rank = comm.Get_rank()
+    # rank 0 built its problem before the check (it is resident): only what is still to come counts
+    need = rank_need(cfg, scheme, size, rank, built=rank == 0, torch_loaded="torch" in sys.modules)
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    needs = node.gather((rank, need), root=0)
+    message = None
+    if node.Get_rank() == 0:
+        total = sum(n.total for _, n in needs)
+        available, source = available_memory()
+        if total > available:
+            rank_of, big = max(needs, key=lambda rn: rn[1].total)
+            message = (f"{prog}: error: not enough memory on {socket.gethostname()} for this run: its {len(needs)} "
+                       f"ranks would allocate about {gib(total)} more (rank {rank_of}, a {big.role}: "
+                       f"{big.describe()}), and {gib(available)} is available ({source}); use a smaller model, "
+                       f"fewer ranks per node, a narrower --wire-dtype, more --servers, or --no-memory-check if you "
+                       f"know better")
+    node.Free()
+    messages = [m for m in comm.allgather(message) if m]
+    if messages and rank == 0:
+        say(messages[0])
+    return not messages

@@ -39,7 +39,7 @@ from ..runs.metrics import (
     setup_logging,
 )
 from . import provenance, shm, signals
-from .checks import one_line, same_model, say
+from .checks import memory_fits, one_line, problem_size, same_model, say
 from .devices import DevicePlan, cuda_aware_mpi, select_device
 from .links import FollowerLink, LeaderLink
 from .outputs import close_outputs, open_outputs, record_failure
@@ -252,6 +252,8 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
         digest = hashlib.sha256(scheme.encoding_matrix().tobytes()).hexdigest()
         if len(set(comm.allgather(digest))) != 1:
             raise PgcError("ranks built different encoding matrices (different numpy versions?)")
+    if not _memory_ok(cfg, comm, scheme, state, prog):
+        return 2
     problem, resume = (state if rank == 0 else (None, None) if rank < servers else
                        (_problem(cfg, n, scheme.placement[rank - servers], plan=plan, parts=parts), None))
     if not same_model(comm, problem, prog):
@@ -271,6 +273,12 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
     if rank > 0:
         return _run_follower(cfg, comm, log, scheme, header, wire)
     return _run_master(cfg, comm, log, scheme, problem, header, wire, resume, start, outcome)
+
+
+def _memory_ok(cfg: TrainConfig, comm, scheme, state, prog: str) -> bool:
+    """The memory check (checks.memory_fits) on the problem's size as rank 0 knows it (a collective)."""
+    size = comm.bcast(problem_size(cfg, state[0], scheme.n) if comm.Get_rank() == 0 else None, root=0)
+    return memory_fits(comm, cfg, scheme, size, prog)
 
 
 def _gather_ranks(comm, log, start: dict, plan: DevicePlan) -> dict:
@@ -391,6 +399,8 @@ def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePl
 
     rank, n = comm.Get_rank(), comm.Get_size() - 1
     scheme = ddp.booking_scheme(n, cfg.seed)
+    if not _memory_ok(cfg, comm, scheme, state, prog):
+        return 2
     problem = state[0] if rank == 0 else _problem(cfg, n, partitions=scheme.placement[rank - 1], parts=parts)
     if not same_model(comm, problem, prog):
         return 2

@@ -59,3 +59,21 @@ def test_pbs_with_a_nan_worker_counts_warnings_and_never_skips_a_negative_number
     assert proc.stderr.count("rejected a message from worker 1") == 2  # the first, and the count at the end
     summary = events_of(tmp_path, "summary")[-1]
     assert summary["rejected_messages"] > 0 and summary["stragglers_skipped"] >= 0
+
+
+def test_a_model_too_large_for_the_node_is_refused_in_seconds_before_allocating(tmp_path):
+    """Before: --dim 300000000 on 4 ranks waited at step 0 until the OOM killer ended a rank (exit
+    9, after 167 s). The dim here makes each vector a quarter of what this machine has available,
+    so the master alone would need twice that."""
+    from pgc_mpi.runtime.checks import available_memory
+
+    dim = int(available_memory()[0] / 4 / 4)  # float32
+    out = tmp_path / "run"
+    began = time.monotonic()
+    proc = run_train(4, ["--problem", "quadratic", "--dim", str(dim), "--steps", "5", "--out", str(out)], timeout=90)
+    assert time.monotonic() - began < 30
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and "not enough memory on" in lines[0] and "--no-memory-check" in lines[0]
+    assert "rank 0, a master" in lines[0] and "3 receive rows" in lines[0] and "is available (" in lines[0]
+    assert not out.exists()  # nothing written: not even the folder its lock made
