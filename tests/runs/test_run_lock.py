@@ -143,3 +143,15 @@ def test_pgc_bench_never_writes_into_a_run_folder_another_run_holds(tmp_path, ca
     holder.release()
     assert bench([str(exp), "--out", str(tmp_path / "out")]) == 0
     assert not (run / "run.lock").exists() and (run / "metrics.jsonl").is_file()
+
+
+def test_slurm_array_tasks_get_a_folder_each_by_default(monkeypatch):
+    from pgc_mpi.runs.run_folder import default_out
+
+    monkeypatch.setenv("SLURM_JOB_ID", "901")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "900")
+    folders = set()
+    for task in ("0", "1"):
+        monkeypatch.setenv("SLURM_ARRAY_TASK_ID", task)
+        folders.add(default_out("pgc-cr"))
+    assert len(folders) == 2
