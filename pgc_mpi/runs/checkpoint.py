@@ -51,6 +51,7 @@ class Checkpoint:
     table_grads: np.ndarray | None
     table_versions: np.ndarray | None
     rng: torch.Tensor
+    workers_before: int | None = None  # the checkpoint's n, when this run has another (elastic)
 
 
 def run_identity(scheme, dim: int, *, dtype: str, model: str | None, dataset: str | None, seed: int,
@@ -124,7 +125,13 @@ def resolve(spec: str, directory: Path) -> Path:
 
 
 def load(path: Path, identity: dict[str, Any], encoding: np.ndarray | None = None) -> Checkpoint:
-    """Read a checkpoint and check that it belongs to a run of this shape (`identity`)."""
+    """Read a checkpoint and check that it belongs to a run of this shape (`identity`).
+
+    The number of workers n may differ (an elastic restart on the workers that are left, or on
+    more): the run's placement and encoding matrix are then its own, built for its n, the
+    partitions are re-split n ways, and pbs's table, whose rows are the old partitions, is not
+    restored (it fills again as at a start); parameters, optimizer state, step and RNG carry over.
+    The Checkpoint says so (`workers_before`)."""
     import h5py
 
     try:
@@ -135,6 +142,10 @@ def load(path: Path, identity: dict[str, Any], encoding: np.ndarray | None = Non
         try:
             if int(f.attrs["format"]) != FORMAT:
                 raise CheckpointError(f"{path}: checkpoint format {f.attrs['format']} is not {FORMAT}")
+            theirs_n = f.attrs["n"].item() if "n" in f.attrs and hasattr(f.attrs["n"], "item") else f.attrs.get("n")
+            elastic = "n" in identity and theirs_n is not None and theirs_n != identity["n"]
+            if elastic:
+                identity, encoding = {**identity, "n": int(theirs_n)}, None
             for key, want in identity.items():
                 if key not in f.attrs:  # model and dataset, or problem: a run of the other kind
                     raise CheckpointError(f"{path}: the checkpoint has no {key}: it is for another kind of run "
@@ -146,9 +157,12 @@ def load(path: Path, identity: dict[str, Any], encoding: np.ndarray | None = Non
                                           f"resume with the same {key} or start a new run")
             if encoding is not None and not np.array_equal(f["encoding_matrix"][...], encoding):
                 raise CheckpointError(f"{path}: its encoding matrix differs from this run's (other seed?)")
-            return _read_checked(f, Path(path), identity)
+            found = _read_checked(f, Path(path), identity)
         except KeyError as exc:
             raise CheckpointError(f"{path}: incomplete checkpoint (missing {exc}); use an earlier one") from None
+    if elastic:
+        found.workers_before, found.table_grads, found.table_versions = int(theirs_n), None, None
+    return found
 
 
 def _read_checked(f, path: Path, identity: dict[str, Any]) -> Checkpoint:

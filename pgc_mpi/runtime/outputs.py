@@ -41,12 +41,23 @@ def open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
     if cfg.overwrite and run_folder.holds_run(out):
         log.info("--overwrite: deleting the outputs of the run in %s", out)
         run_folder.clear(out)
-    elif resume is not None and (out / "config.json").is_file():
-        previous = json.loads((out / "config.json").read_text()).get("provenance")
+    recorded: dict = {}
+    if not cfg.overwrite and resume is not None and (out / "config.json").is_file():
+        recorded = json.loads((out / "config.json").read_text())
+        previous = recorded.get("provenance")
+    changes = list(recorded.get("worker_changes", []))
+    if resume is not None and resume.workers_before is not None:
+        changes.append({"step": resume.step, "workers_before": resume.workers_before, "workers": scheme.n})
+        log.warning("resuming at step %d with %d workers, not the checkpoint's %d: the placement%s rebuilt for "
+                    "n=%d and the training data re-split %d ways%s; parameters, optimizer state and RNG carry over",
+                    resume.step, scheme.n, resume.workers_before,
+                    " and encoding are" if scheme.kind == "coded" else " is", scheme.n, scheme.n,
+                    ", pbs's table starts empty" if scheme.kind == "table" else "")
     metrics = MetricsWriter(out, keep_steps_before=resume.step if resume else None)
     write_json(out / "config.json", {"config": cfg.to_dict(), "world_size": comm.Get_size(), "workers": scheme.n,
                                      **cfg.scheme_shape(scheme), "parameters": problem.dim,
                                      "resumed_from_step": resume.step if resume else None,
+                                     "worker_changes": changes,
                                      "provenance": provenance.with_earlier_starts(start, previous)})
     log.info("%s with n=%d workers, s=%d, c=%d; %s (%d parameters, %s); output in %s",
              cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.describe_problem(), problem.dim, cfg.dtype, out)

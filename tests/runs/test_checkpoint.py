@@ -65,8 +65,11 @@ def test_pbs_table_and_encoding_are_stored(tmp_path):
 def test_mismatch_and_corruption_are_clear_errors(tmp_path):
     w = np.zeros(5)
     path = checkpoint.save(tmp_path, 3, w, FlatOptimizer(w).opt.state_dict(), IDENTITY, {})
-    with pytest.raises(checkpoint.CheckpointError, match="for n = 4, this run has 8"):
-        checkpoint.load(path, {**IDENTITY, "n": 8})
+    with pytest.raises(checkpoint.CheckpointError, match="for s = 1, this run has 2"):
+        checkpoint.load(path, {**IDENTITY, "s": 2})
+    elastic = checkpoint.load(path, {**IDENTITY, "n": 8})  # another n: an elastic restart, said so
+    assert elastic.workers_before == 4 and elastic.step == 3 and elastic.table_grads is None
+    assert checkpoint.load(path, IDENTITY).workers_before is None
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint in"):
         checkpoint.resolve("latest", tmp_path / "empty")
     path.write_bytes(path.read_bytes()[:300])

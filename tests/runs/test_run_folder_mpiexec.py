@@ -74,3 +74,21 @@ def test_a_second_run_on_a_folder_in_use_is_refused_and_the_first_is_one_run(tmp
     assert [r["step"] for r in steps_of(out)] == list(range(400))
     assert len(events_of(out, "summary")) == 1 and not (out / "run.lock").exists()
     assert json.loads((out / "config.json").read_text())["config"]["seed"] == 0
+
+
+def test_a_checkpoint_resumes_on_fewer_workers_with_the_change_recorded(tmp_path):
+    """An elastic restart: the run continues on the workers that are left (here 3 of 4), its
+    placement (and pbs's table) rebuilt for the new n, every step recorded once."""
+    for scheme in ("pgc-cr", "pbs"):
+        out = tmp_path / scheme
+        args = ["--problem", "quadratic", "--scheme", scheme, "--checkpoint-every", "10", "--out", str(out)]
+        assert run_train(5, [*args, "--steps", "20"]).returncode == 0
+        proc = run_train(4, [*args, "--steps", "40", "--resume", "auto"])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "resuming at step 20 with 3 workers, not the checkpoint's 4" in proc.stderr
+        assert ("pbs's table starts empty" in proc.stderr) == (scheme == "pbs")
+        assert [r["step"] for r in steps_of(out)] == list(range(40))
+        config = json.loads((out / "config.json").read_text())
+        assert config["workers"] == 3 and config["worker_changes"] == [{"step": 20, "workers_before": 4, "workers": 3}]
+        assert len(config["provenance"]["earlier_starts"][0]["hosts"]) == 5
+        assert {m[0] for r in steps_of(out)[20:] for m in r["messages"]} <= {0, 1, 2}
