@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Run pgc-train on this machine: launch/local.sh WORKERS [pgc-train options...]
 # One rank per worker plus the master; one thread per rank (ranks share the cores);
-# the whole job is bounded by MPIEXEC_TIMEOUT (default one hour).
-set -euo pipefail
+# each start is bounded by MPIEXEC_TIMEOUT (default one hour).
+# A worker that dies does not end the run: mpiexec -disable-auto-cleanup leaves the other ranks
+# running and tells them with SIGUSR1, on which the master stops with a checkpoint (exit status
+# 3, "stopped by SIGUSR1"); a run that ends because a step needs lost workers ends the same way
+# (exit status 5). Either way the run starts again at once from that checkpoint (--resume auto)
+# on the workers that are left. So under this script SIGUSR1 means "a rank died": stop a run
+# with Ctrl-C (SIGINT) or SIGTERM. Without --out the run goes to runs/local-<time>-<pid>.
+set -uo pipefail
 workers=${1:-}
 if ! [[ "$workers" =~ ^[1-9][0-9]*$ ]]; then
   echo "usage: launch/local.sh WORKERS [pgc-train options...]  (WORKERS: a positive integer)" >&2
@@ -11,4 +17,30 @@ fi
 shift
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-3600}
-exec mpiexec -n $((workers + 1)) pgc-train --threads "${OMP_NUM_THREADS}" "$@"
+say() { echo "$(date '+%Y-%m-%d %H:%M:%S') pgc: $*" >&2; }
+out='' scheme='' previous=''
+for arg in "$@"; do  # the last --out and --scheme, as pgc-train reads them
+  case $previous in --out) out=$arg ;; --scheme) scheme=$arg ;; esac
+  case $arg in --out=*) out=${arg#--out=} ;; --scheme=*) scheme=${arg#--scheme=} ;; esac
+  previous=$arg
+done
+extra=()
+if [ -z "$out" ]; then out="runs/local-$(date -u +%Y%m%d-%H%M%S)-$$"; extra=(--out "$out"); fi
+while :; do
+  mpiexec -disable-auto-cleanup -n $((workers + 1)) pgc-train --threads "${OMP_NUM_THREADS}" "$@" ${extra[@]+"${extra[@]}"}
+  rc=$?
+  status=$(grep -h '"event": "summary"' "$out/metrics.jsonl" 2>/dev/null | tail -n 1 \
+    | sed -n 's/.*"status": "\([^"]*\)".*/\1/p')
+  case "$rc:$status" in
+    "3:stopped by SIGUSR1") lost=1 ;;                          # hydra's word that a rank died
+    "5:workers lost: ["*) lost=$(tr -cd ',' <<<"$status" | wc -c); lost=$((lost + 1)) ;;
+    *) exit "$rc" ;;
+  esac
+  if [ "$scheme" = ddp ] || [ $((workers - lost)) -lt 1 ]; then
+    say "the run in $out lost $lost worker(s) ($status); not restarting it (ddp has no checkpoints, or no worker is left)"
+    exit "$rc"
+  fi
+  workers=$((workers - lost))
+  say "the run in $out lost $lost worker(s) ($status): starting it again at once on the $workers left"
+  extra=(--out "$out" --no-overwrite --resume auto)
+done

@@ -78,6 +78,10 @@ _HELP = {
     "out": "output directory for config.json and metrics.jsonl",
     "dtype": f"{' or '.join(DTYPE_NAMES)} for parameters, gradients and messages",
     "grace": "seconds to wait for workers to stop at the end before abandoning hung ones",
+    "lost_after": "seconds a worker may keep a model without answering before it is declared lost (its process "
+                  "or node gone: a worker_lost event); coded schemes go on without it, and a step that needs a "
+                  "lost worker (dgd, more than s lost) ends the run with a checkpoint and exit status 5, to be "
+                  "resumed on the workers that are left",
     "poll_interval": "longest sleep in seconds between two polls of pending messages (sleeps start at 50 µs, double)",
     "threads": "torch threads per rank (with --problem: the master's only)",
     "eval_train": "evaluate on the full training split too (--no-eval-train: test split only; "

@@ -86,6 +86,7 @@ class TrainConfig(CoreConfig):
     out: str | None = None
     dtype: str = "float32"
     grace: float = 10.0
+    lost_after: float = 60.0
     poll_interval: float = 0.002
     threads: int = 1
     eval_train: bool = True
@@ -139,6 +140,7 @@ class TrainConfig(CoreConfig):
                               f"use at most {cores} (OMP_NUM_THREADS, or the cores Slurm gives each task)")
         _choice("dtype", self.dtype, DTYPE_NAMES)
         _positive("grace", self.grace)
+        _positive("lost_after", self.lost_after)
         _positive("poll-interval", self.poll_interval)
         if self.poll_interval > self.grace:
             raise ConfigError(f"--poll-interval {self.poll_interval:g} s is longer than --grace {self.grace:g} s: "

@@ -5,7 +5,9 @@ first step it applies to:
   nan:W@STEP       the worker's messages carry NaN from that step on
   inf:W@STEP       ... carry +Inf
   badsize:W@STEP   its messages have the wrong size (half the bytes)
-  die:W@STEP       the worker process exits abruptly at that step (as a crashed node would)
+  die:W@STEP       the worker process exits abruptly at that step (as a crashed node would),
+                   in a start of the run that began before STEP: a run resumed at or after
+                   STEP is past that crash and does not crash again (`for_start`)
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ def parse_faults(spec: str | None, n: int) -> list[Fault]:
                              f"(worker id = rank - 1, or rank - K with --servers K)")
         faults.append(Fault(kind, int(worker), int(step)))
     return faults
+
+
+def for_start(faults: tuple[Fault, ...] | list[Fault], start: int) -> tuple[Fault, ...]:
+    """The faults of a start of the run at step `start` (0, or a resumed run's): `die` faults of
+    earlier steps have happened already."""
+    return tuple(f for f in faults if not (f.kind == "die" and f.step <= start))
 
 
 def active(faults: list[Fault], worker: int, step: int) -> str | None:

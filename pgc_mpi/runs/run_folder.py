@@ -38,7 +38,8 @@ OUTPUTS = ("config.json", "messages.bin", "metrics.jsonl", "checkpoints", "param
 # and log, and where things are. Every other option shapes the trajectory and must match.
 MAY_CHANGE_ON_RESUME = frozenset({
     "steps", "out", "resume", "overwrite", "eval_every", "target_loss", "checkpoint_every", "keep_checkpoints",
-    "grace", "poll_interval", "threads", "verify_data", "record_params", "eval_train", "log_interval", "log_level",
+    "grace", "lost_after", "poll_interval", "threads", "verify_data", "record_params", "eval_train", "log_interval",
+    "log_level",
     "log_dir", "device", "master_device", "share_gpus", "servers", "memory_check",
     # the number of workers, too: a run resumes on the workers it has (an elastic restart after
     # lost workers; the placement is rebuilt for the new n: pgc_mpi.runs.checkpoint.load)

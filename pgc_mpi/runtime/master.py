@@ -32,6 +32,7 @@ from ..learning.problems import Problem
 from ..runs.checkpoint import Checkpoint, Checkpointer
 from ..runs.metrics import MASTER_PARTS, MetricsWriter, Progress, RepeatedWarnings, master_times
 from .control import RunControl
+from .lost import LostWorkers
 from .servers import ANSWER, ARRIVAL, DECODE, FollowerControl, Leader, slice_state
 from .transport import MasterTransport
 
@@ -58,6 +59,7 @@ class MasterSettings:
     record_params: bool = False
     probe_every: int = 20  # pbs diagnostics: steps between two probes (two validation gradients)
     adapt: bool = False
+    lost_after: float | None = None  # seconds without an answer before a worker is declared lost (runtime.lost)
 
 
 @dataclass
@@ -71,6 +73,7 @@ class RunTotals:
     deadline_missed: int = 0
     rejected_messages: int = 0  # malformed or non-finite: never let into the model
     diverged: str | None = None  # why training stopped on non-finite numbers
+    lost: list[int] | None = None  # the lost workers, when the run ended because a step needed them
 
 
 class Master:
@@ -105,6 +108,7 @@ class Master:
         self.totals = RunTotals()
         self.sent = [-1] * self.n  # newest model version sent to each worker
         self.busy = [False] * self.n  # a model is out with the worker and its answer is not back
+        self.gone = LostWorkers(self.n, settings.lost_after, scheme.placement, link.first_worker)
         self._started = time.monotonic()
         # the master's own work in the current step, in seconds per part (see _timed)
         self._times = dict.fromkeys(MASTER_PARTS, 0.0)
@@ -147,7 +151,7 @@ class Master:
             began = time.monotonic()
             try:
                 dec, missed = self._follow(t) if self.follows_arrivals else self._collect(t, began)
-                if dec is None:  # a stop: the step in progress is abandoned
+                if dec is None:  # a stop (or workers lost): the step in progress is abandoned
                     break
                 # before the commit: --adapt may change the learning rate the step is applied with
                 extra = self._timed("update", functools.partial(self._diagnose, t))
@@ -161,7 +165,7 @@ class Master:
             if self._finish_step(t, began, dec, missed, extra):
                 break
         self._warnings.flush()
-        if self.totals.diverged is None and control.checkpoint_at_end():
+        if self.totals.diverged is None and (control.checkpoint_at_end() or self.totals.lost):
             self.checkpoint()
         return self.totals
 
@@ -217,6 +221,13 @@ class Master:
             for i in arrived:
                 self._timed("receive", functools.partial(self._receive, t, i))
             self._check_rejections(t)
+            self.gone.declare(t, self.metrics.write if self.metrics is not None else None)
+            if not collector.ready() and self.gone.stuck(collector.waiting_for(), collector.waits_on):
+                self.totals.lost = sorted(self.gone.lost)
+                log.error("step %d cannot complete: it needs lost workers %s (%s tolerates %d); ending the run with "
+                          "a checkpoint: resume it on the workers that are left", t, self.totals.lost,
+                          self.scheme.name, 0 if self.scheme.name == "dgd" else getattr(self.scheme, "s", 0))
+                return None, missed
             if collector.ready():
                 try:
                     return self._timed("decode", collector.decode), missed
@@ -328,12 +339,14 @@ class Master:
             if self.sent[i] < t and not self.busy[i] and not self.link.model_in_flight(i):
                 self.link.send_model(i)
                 self.sent[i], self.busy[i] = t, True
+                self.gone.sent(i)
                 if self.leads_arrivals:
                     self.servers.answer(i, t)
 
     def _receive(self, t: int, worker: int) -> None:
         """Judge one arrived message, offer it to the collector, and free its buffer unless held."""
         self.busy[worker] = False
+        self.gone.answered(worker)
         msg = Message.read(self.link.headers[worker])
         values = self.link.gradient(worker)  # widened to the run's dtype
         kind, why = self._fault(worker, msg, values)

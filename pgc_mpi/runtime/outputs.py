@@ -87,7 +87,9 @@ def _summary(totals, control, wall: float, metrics_path: Path, workers: int) -> 
     steps = read_steps(metrics_path.parent)  # with their per-message lists, from messages.bin
     step_times = [r["step_time"] for r in steps]
     saved = waiting_saved(steps, workers)
-    status = totals.diverged or (f"stopped by {control.stopped_by}" if control.stopped_by else "completed")
+    lost = getattr(totals, "lost", None)
+    status = totals.diverged or (f"stopped by {control.stopped_by}" if control.stopped_by else
+                                 f"workers lost: {lost}" if lost else "completed")
     return {"event": "summary", "status": status,
             "steps": totals.steps, "wall_time": wall,
             "median_step_time": float(np.median(step_times)) if step_times else None,

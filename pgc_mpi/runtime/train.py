@@ -49,6 +49,9 @@ from .worker import WorkerSettings, run_worker
 
 # Exit status of a run that stopped because training produced NaN or Inf (see Master._update).
 EXIT_DIVERGED = 4
+# Exit status of a run that ended because a step needed workers that are lost (runtime.lost):
+# resume it on the workers that are left (launch/local.sh and train.sbatch do at once).
+EXIT_WORKERS_LOST = 5
 
 
 def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = False, plan: DevicePlan | None = None,
@@ -303,7 +306,7 @@ def _master_settings(cfg: TrainConfig, scheme, leads: bool):
     return MasterSettings(steps=cfg.steps, optimizer=cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
                           deadline=cfg.deadline, on_deadline=cfg.on_deadline,
                           max_staleness=cfg.staleness_bound(scheme), record_params=cfg.record_params and leads,
-                          probe_every=cfg.eval_every, adapt=cfg.adapt)
+                          probe_every=cfg.eval_every, adapt=cfg.adapt, lost_after=cfg.lost_after if leads else None)
 
 
 def _run_follower(cfg: TrainConfig, comm, log, scheme, header, wire: WireFormat) -> int:
@@ -371,7 +374,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: Wire
         metrics.close()
         _stop_job(log, control.stopped_by)
     abandoned = link.shutdown(cfg.grace)
-    code = EXIT_DIVERGED if totals.diverged else 0
+    code = EXIT_DIVERGED if totals.diverged else EXIT_WORKERS_LOST if totals.lost else 0
     if abandoned:
         log.warning("workers %s (ranks %s) did not stop within %.0f s and are abandoned (hung, or their node "
                     "is gone); ending the job with MPI_Abort(%d) since the run's outputs are written",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.faults import Fault, active
+from ..core.faults import Fault, active, for_start
 from ..core.message import Message
 from ..core.schemes import CodedScheme, PbsScheme
 from ..core.stragglers import DelayModel
@@ -115,6 +115,7 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
     buffers = np.zeros((scheme.c, problem.dim), dtype=dtype)
     coded = link.coded
     step = first = link.next_model()
+    faults = for_start(settings.faults, first or 0)
     computed = 0
     if step is not None:  # the first model: step 0, or the step a resumed run starts at
         versions = scheme.warmup_versions(step)
@@ -138,7 +139,7 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
         slept = injected_delay(delays.delay(worker, step), link.stop_requested)
         link.write_header(Message(step, worker, tuple(versions), loss=float(np.mean(losses)), compute_time=took,
                                   delay=slept, gradients=len(losses), real_compute_time=real))
-        _send(link, settings.faults, worker, step)
+        _send(link, faults, worker, step)
         step = link.next_model()
     link.confirm_stop()
     return computed
@@ -151,6 +152,7 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
     every server answers every message with its shard of the same step (pgc_mpi.runtime.servers): a model
     put together from shards of different steps is a fault of the servers, not a straggler's lot."""
     version = _one_step(link, link.next_model())
+    faults = for_start(settings.faults, version or 0)
     count = 0
     attempts = 0
     while version is not None:
@@ -163,7 +165,7 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
         slept = injected_delay(delays.delay(worker, version, attempts), link.stop_requested)
         link.write_header(Message(version, worker, (version,), partition=part, loss=loss, compute_time=took,
                                   delay=slept, real_compute_time=real))
-        _send(link, settings.faults, worker, version)
+        _send(link, faults, worker, version)
         count += 1
         answer = _one_step(link, link.next_model())
         attempts = attempts + 1 if answer == version else 0
