@@ -33,6 +33,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# The records of the steps before a resume that a resumed run keeps (summaries and shutdowns are
+# the earlier start's: a resumed run writes its own): steps, evaluations and lost workers.
+KEPT_ON_RESUME = (None, "eval", "worker_lost")
+
+
 class MetricsWriter:
     """metrics.jsonl: one JSON object per line, flushed as written so a killed job keeps it; the
     step records' per-message lists go to messages.bin beside it (pgc_mpi.runs.message_log), so that
@@ -54,7 +59,10 @@ class MetricsWriter:
                         rec = json.loads(line)
                     except json.JSONDecodeError:
                         break  # a line cut short by a crash: everything after it is lost anyway
-                    if rec.get("event") in (None, "eval") and rec.get("step", keep_steps_before) < keep_steps_before:
+                    step = rec.get("step", keep_steps_before)
+                    # a worker lost at the resume step was lost before the checkpoint of that step
+                    if rec.get("event") in KEPT_ON_RESUME and (step < keep_steps_before or
+                                                               step == keep_steps_before and rec.get("event") == "worker_lost"):
                         kept.append(line if line.endswith("\n") else line + "\n")
         with self.path.open("w") as fh:
             fh.writelines(kept)

@@ -92,15 +92,29 @@ def _wait_for_job(env: dict, job: str, done, until: float, what: str, log: Path)
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
-def test_training_job(slurm, tmp_path, launcher):
-    env = {**slurm, "PGC_LAUNCHER": launcher, "PGC_OUT": str(tmp_path / "run"),
-           "PGC_ARGS": "--scheme pgc-cr -s 1 --steps 30 --eval-every 10"}
-    proc = _sbatch(env, tmp_path, "--wait", "-n", "4", "--time=10", "--export=ALL", str(SLURM_DIR / "train.sbatch"))
+def test_training_job_survives_dying_workers(slurm, tmp_path, launcher):
+    """Two of 4 workers die (pgc-cr, s=1). Under srun (--kill-on-bad-exit=0) the first death is
+    ridden out within the start (a worker_lost event); the second leaves a step that cannot decode:
+    the run ends with a checkpoint (exit status 5) and the script starts it again at once on 2
+    workers. Under mpiexec (-disable-auto-cleanup) hydra's SIGUSR1 stops the run at each death and
+    the script starts it again on the workers left. Either way every step is recorded once."""
+    out = tmp_path / "run"
+    env = {**slurm, "PGC_LAUNCHER": launcher, "PGC_OUT": str(out),
+           "PGC_ARGS": "--scheme pgc-cr -s 1 --steps 40 --eval-every 10 --fault die:0@10+die:1@20 --lost-after 2"}
+    proc = _sbatch(env, tmp_path, "--wait", "-n", "5", "--time=10", "--export=ALL", str(SLURM_DIR / "train.sbatch"))
     logs = "".join(p.read_text() for p in tmp_path.glob("pgc-train-*.out"))
     assert proc.returncode == 0, proc.stderr + logs
-    summary = events_of(tmp_path / "run", "summary")[0]
-    assert summary["status"] == "completed" and summary["steps"] == 30
-    assert "n=3 workers" in logs
+    assert [r["step"] for r in steps_of(out)] == list(range(40))
+    summary = events_of(out, "summary")[0]
+    assert summary["status"] == "completed" and summary["steps"] == 40
+    changes = json.loads((out / "config.json").read_text())["worker_changes"]
+    assert changes[-1]["workers"] == 2 and "n=2 workers" in logs and "starting it again at once" in logs
+    if launcher == "srun":
+        assert [(c["workers_before"], c["workers"]) for c in changes] == [(4, 2)]
+        assert "worker 0 (rank 1) has not answered" in logs and "cannot complete: it needs lost workers" in logs
+        assert [e["worker"] for e in events_of(out, "worker_lost")] == [0, 1]
+    else:
+        assert [(c["workers_before"], c["workers"]) for c in changes] == [(4, 3), (3, 2)]
 
 
 @pytest.mark.timeout(700)

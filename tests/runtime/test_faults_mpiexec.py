@@ -5,6 +5,7 @@ Every job is bounded (MPIEXEC_TIMEOUT and a subprocess timeout).
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -102,9 +103,10 @@ def test_more_faulty_workers_than_s_fall_to_the_deadline_policy(tmp_path):
     assert "could not decode by the deadline" in proc.stderr
 
 
-def test_a_dying_worker_ends_the_job_and_the_checkpoint_survives(tmp_path):
-    """MPI ends the job when a rank dies. pgc-cr would train on without the dead worker, so the run
-    is far longer than the job may last (a loaded machine's mpiexec can take seconds to notice the
+def test_a_dying_worker_ends_a_plain_mpiexec_job_and_the_checkpoint_survives(tmp_path):
+    """Plain mpiexec (hydra's auto-cleanup) ends the job when a rank dies (launch/local.sh does
+    not: see the next test). pgc-cr would train on without the dead worker, so the run is far
+    longer than the job may last (a loaded machine's mpiexec can take seconds to notice the
     death: with 1000 steps the run once finished first and exited 0), and the end must come long
     before the mpiexec timeout."""
     began = time.monotonic()
@@ -128,7 +130,7 @@ def test_corrupt_and_mismatched_checkpoints_are_clear_errors(tmp_path):
     other = run_train(4, ["--scheme", "pgc-cr", "--steps", "8", "--resume", str(ckpt), "--out", fork], timeout=60)
     assert other.returncode != 0 and "the checkpoint is for scheme = 'gc-cr', this run has 'pgc-cr'" in other.stderr
     wider = run_train(5, ["--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt), "--out", fork], timeout=60)
-    assert wider.returncode != 0 and "n = 3, this run has 4" in wider.stderr
+    assert wider.returncode == 0 and "resuming at step 4 with 4 workers, not the checkpoint's 3" in wider.stderr
     with h5py.File(ckpt, "a") as f:
         del f["params"]
     broken = run_train(4, ["--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
@@ -136,5 +138,26 @@ def test_corrupt_and_mismatched_checkpoints_are_clear_errors(tmp_path):
     ckpt.write_bytes(b"\x89HDF garbage")
     junk = run_train(4, ["--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
     assert junk.returncode != 0 and "not a readable checkpoint" in junk.stderr
-    for proc in (other, wider, broken, junk):
+    for proc in (other, broken, junk):
         assert "Traceback" not in proc.stderr and proc.stderr.count("error") == 1
+
+
+def test_local_sh_starts_a_run_that_lost_a_worker_again_on_the_workers_left(tmp_path):
+    """mpiexec -disable-auto-cleanup: hydra tells the ranks of the death with SIGUSR1, the master
+    stops with a checkpoint, and local.sh starts the run again at once on 2 workers; every step is
+    recorded once and the worker change is in config.json."""
+    from pathlib import Path
+
+    out = tmp_path / "run"
+    local = Path(__file__).resolve().parents[2] / "launch" / "local.sh"
+    proc = subprocess.run([str(local), "3", "--problem", "quadratic", "--scheme", "pgc-cr", "--steps", "300",
+                           "--delay", "exp:0.005", "--fault", "die:1@100", "--out", str(out)], env=mpi_env(90),
+                          capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "this worker dies now" in proc.stderr and "starting it again at once on the 2 left" in proc.stderr
+    assert [r["step"] for r in steps_of(out)] == list(range(300))
+    change = json.loads((out / "config.json").read_text())["worker_changes"]
+    assert len(change) == 1 and change[0]["workers_before"] == 3 and change[0]["workers"] == 2
+    assert 100 <= change[0]["step"] <= 150
+    assert "SIGUSR1 received during step" in proc.stderr  # the first start's summary is cut by the resume
+    assert [e["status"] for e in events_of(out, "summary")] == ["completed"]

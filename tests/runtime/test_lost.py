@@ -1,0 +1,43 @@
+"""Lost workers (pgc_mpi.runtime.lost) and die faults across a resume (pgc_mpi.core.faults.for_start)."""
+
+from __future__ import annotations
+
+import time
+
+from pgc_mpi.core.faults import Fault, for_start
+from pgc_mpi.runtime.lost import LostWorkers
+
+
+def test_a_worker_silent_past_lost_after_is_declared_once_and_named_in_the_metrics():
+    gone = LostWorkers(3, 0.05, [[0, 1], [1, 2], [2, 0]], first_rank=1)
+    events = []
+    for worker in range(3):
+        gone.sent(worker)
+    gone.answered(0)
+    gone.answered(2)
+    gone.declare(7, events.append)
+    assert gone.lost == {} and events == []  # not silent for long enough yet
+    time.sleep(0.06)
+    gone.declare(8, events.append)
+    gone.declare(9, events.append)
+    assert gone.lost == {1: 8}
+    assert [(e["event"], e["worker"], e["rank"], e["step"]) for e in events] == [("worker_lost", 1, 2, 8)]
+
+
+def test_a_step_is_stuck_only_when_everything_it_waits_for_is_lost():
+    placement = [[0, 1], [1, 2], [2, 0]]
+    gone = LostWorkers(3, None, placement, first_rank=1)
+    gone.declare(0, None)  # no --lost-after: nobody is ever declared
+    assert gone.lost == {}
+    gone.lost = {1: 5}
+    assert gone.stuck([1], "workers") and not gone.stuck([1, 2], "workers") and not gone.stuck([], "workers")
+    # pbs waits for partitions: one is stuck when every worker holding it is lost
+    assert not gone.stuck([1, 2], "partitions")
+    gone.lost = {1: 5, 2: 6}
+    assert gone.stuck([2], "partitions") and not gone.stuck([0], "partitions")
+
+
+def test_a_die_fault_does_not_fire_again_in_a_start_past_its_step():
+    faults = (Fault("die", 1, 200), Fault("nan", 0, 100))
+    assert for_start(faults, 0) == faults and for_start(faults, 199) == faults
+    assert for_start(faults, 200) == (Fault("nan", 0, 100),)
