@@ -61,8 +61,8 @@ class MetricsWriter:
                         break  # a line cut short by a crash: everything after it is lost anyway
                     step = rec.get("step", keep_steps_before)
                     # a worker lost at the resume step was lost before the checkpoint of that step
-                    if rec.get("event") in KEPT_ON_RESUME and (step < keep_steps_before or
-                                                               step == keep_steps_before and rec.get("event") == "worker_lost"):
+                    lost_then = step == keep_steps_before and rec.get("event") == "worker_lost"
+                    if rec.get("event") in KEPT_ON_RESUME and (step < keep_steps_before or lost_then):
                         kept.append(line if line.endswith("\n") else line + "\n")
         with self.path.open("w") as fh:
             fh.writelines(kept)
