@@ -201,12 +201,13 @@ def test_readme_quick_start_command_runs(tmp_path):
     lines = readme.splitlines()
     install = next(k for k, line in enumerate(lines) if "pip install torch==2.13.0" in line)
     command = lines[install + 1].strip()  # the quick start's second line: run the default job
-    assert command.startswith("mpiexec -n 5 pgc-train"), command
-    proc = subprocess.run(shlex.split(command), env=mpi_env(180), capture_output=True, text=True,
+    assert command == "launch/local.sh 4", command
+    args = shlex.split(command)
+    proc = subprocess.run([str(ROOT / args[0]), *args[1:]], env=mpi_env(180), capture_output=True, text=True,
                           timeout=200, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "test accuracy" in proc.stdout
-    assert list((tmp_path / "runs").glob("*/metrics.jsonl"))
+    assert list((tmp_path / "runs").glob("local-*/metrics.jsonl"))
 
 
 def _stop(proc: subprocess.Popen, out: Path, sig: str, segments: set[str]) -> str:
