@@ -2,12 +2,15 @@
 # Run pgc-train on this machine: launch/local.sh WORKERS [pgc-train options...]
 # One rank per worker plus the master; one thread per rank (ranks share the cores);
 # each start is bounded by MPIEXEC_TIMEOUT (default one hour).
-# A worker that dies does not end the run: mpiexec -disable-auto-cleanup leaves the other ranks
-# running and tells them with SIGUSR1, on which the master stops with a checkpoint (exit status
-# 3, "stopped by SIGUSR1"); a run that ends because a step needs lost workers ends the same way
-# (exit status 5). Either way the run starts again at once from that checkpoint (--resume auto)
-# on the workers that are left. So under this script SIGUSR1 means "a rank died": stop a run
-# with Ctrl-C (SIGINT) or SIGTERM. Without --out the run goes to runs/local-<time>-<pid>.
+# A worker that dies does not end the run. A rank that exits (a crash in Python, os._exit): mpiexec
+# -disable-auto-cleanup leaves the other ranks running and tells them with SIGUSR1, on which the
+# master stops with a checkpoint (exit status 3, "stopped by SIGUSR1"); a run that ends because a
+# step needs lost workers ends the same way (exit status 5). A rank killed by a signal (the OOM
+# killer, a segfault): hydra ends every rank, whatever the flag (status 9 or 128+signal), and the
+# newest periodic checkpoint is all there is (--checkpoint-every). Each way the run starts again
+# at once from its newest checkpoint (--resume auto) on the workers that are left (one fewer per
+# loss). So under this script SIGUSR1 means "a rank died": stop a run with Ctrl-C (SIGINT) or
+# SIGTERM. Without --out the run goes to runs/local-<time>-<pid>.
 set -uo pipefail
 workers=${1:-}
 if ! [[ "$workers" =~ ^[1-9][0-9]*$ ]]; then
@@ -34,7 +37,11 @@ while :; do
   case "$rc:$status" in
     "3:stopped by SIGUSR1") lost=1 ;;                          # hydra's word that a rank died
     "5:workers lost: ["*) lost=$(tr -cd ',' <<<"$status" | wc -c); lost=$((lost + 1)) ;;
-    *) exit "$rc" ;;
+    *)  # a rank killed by a signal took the job down; a run with a checkpoint to go on from
+      if { [ "$rc" = 9 ] || { [ "$rc" -gt 128 ] && [ "$rc" -lt 255 ]; }; } && [ -z "$status" ] && ls "$out"/checkpoints/ckpt-*.h5 >/dev/null 2>&1
+      then lost=1; status="the job ended with status $rc, no summary"
+      else exit "$rc"
+      fi ;;
   esac
   if [ "$scheme" = ddp ] || [ $((workers - lost)) -lt 1 ]; then
     say "the run in $out lost $lost worker(s) ($status); not restarting it (ddp has no checkpoints, or no worker is left)"

@@ -8,6 +8,8 @@ first step it applies to:
   die:W@STEP       the worker process exits abruptly at that step (as a crashed node would),
                    in a start of the run that began before STEP: a run resumed at or after
                    STEP is past that crash and does not crash again (`for_start`)
+  kill:W@STEP      the same, by SIGKILL to itself (as the OOM killer would): hydra's mpiexec
+                   then ends every rank on that node, -disable-auto-cleanup or not
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 
-KINDS = ("nan", "inf", "badsize", "die")
+KINDS = ("nan", "inf", "badsize", "die", "kill")
+DEATHS = ("die", "kill")
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ def parse_faults(spec: str | None, n: int) -> list[Fault]:
 def for_start(faults: tuple[Fault, ...] | list[Fault], start: int) -> tuple[Fault, ...]:
     """The faults of a start of the run at step `start` (0, or a resumed run's): `die` faults of
     earlier steps have happened already."""
-    return tuple(f for f in faults if not (f.kind == "die" and f.step <= start))
+    return tuple(f for f in faults if not (f.kind in DEATHS and f.step <= start))
 
 
 def active(faults: list[Fault], worker: int, step: int) -> str | None:

@@ -6,6 +6,7 @@ import functools
 import logging
 import math
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,8 +72,10 @@ def pad_compute(began: float, gradients: int, per_gradient: float | None,
 def _send(link: WorkerTransport, faults: tuple[Fault, ...], worker: int, step: int) -> None:
     """Send the message in the link's buffers, spoiled first if a fault is injected here."""
     kind = active(faults, worker, step)
-    if kind == "die":
+    if kind in ("die", "kill"):
         log.warning("injected fault: this worker dies now")
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         os._exit(17)
     if kind in ("nan", "inf"):  # in every server's part, as a real NaN gradient would be
         for payload in link.payloads:
