@@ -93,14 +93,17 @@ def _wait_for_job(env: dict, job: str, done, until: float, what: str, log: Path)
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("launcher", ["srun", "mpiexec"])
 def test_training_job_survives_dying_workers(slurm, tmp_path, launcher):
-    """Two of 4 workers die (pgc-cr, s=1). Under srun (--kill-on-bad-exit=0) the first death is
-    ridden out within the start (a worker_lost event); the second leaves a step that cannot decode:
-    the run ends with a checkpoint (exit status 5) and the script starts it again at once on 2
-    workers. Under mpiexec (-disable-auto-cleanup) hydra's SIGUSR1 stops the run at each death and
-    the script starts it again on the workers left. Either way every step is recorded once."""
+    """Two of 4 workers die (pgc-cr, s=1): worker 0 SIGKILLed, worker 1 exits. Under srun
+    (--kill-on-bad-exit=0) the first death is ridden out within the start (a worker_lost event);
+    the second leaves a step that cannot decode: the run ends with a checkpoint (exit status 5) and
+    the script starts it again at once on 2 workers. Under mpiexec (-disable-auto-cleanup) the
+    SIGKILL makes hydra end every rank (the run goes on from its newest checkpoint), the exit makes
+    hydra's SIGUSR1 stop the run; each time the script starts it again on the workers left. Either
+    way every step is recorded once."""
     out = tmp_path / "run"
     env = {**slurm, "PGC_LAUNCHER": launcher, "PGC_OUT": str(out),
-           "PGC_ARGS": "--scheme pgc-cr -s 1 --steps 40 --eval-every 10 --fault die:0@10+die:1@20 --lost-after 2"}
+           "PGC_ARGS": "--scheme pgc-cr -s 1 --steps 40 --eval-every 10 --checkpoint-every 5 "
+                       "--fault kill:0@10+die:1@20 --lost-after 2"}
     proc = _sbatch(env, tmp_path, "--wait", "-n", "5", "--time=10", "--export=ALL", str(SLURM_DIR / "train.sbatch"))
     logs = "".join(p.read_text() for p in tmp_path.glob("pgc-train-*.out"))
     assert proc.returncode == 0, proc.stderr + logs
