@@ -71,8 +71,9 @@ def test_the_flags_win_over_the_checkpoint_s_learning_rate(tmp_path, caplog):
     from pgc_mpi.learning.problems import LeastSquares
     from pgc_mpi.runtime.master import Master, MasterSettings
 
-    class Link:  # the transport is not used by the constructor beyond its run's dtype
+    class Link:  # the transport is not used by the constructor beyond its run's dtype and ranks
         wire = wire_format(None, np.float64)
+        first_worker = 1
 
     problem = LeastSquares(4, samples=40, dim=5)
     w = np.zeros(5)
@@ -90,16 +91,21 @@ def test_the_flags_win_over_the_checkpoint_s_learning_rate(tmp_path, caplog):
     assert "lr 0.1 -> 0.02, momentum 0.5 -> 0.9" in caplog.text and "from the flags" in caplog.text
 
 
-def test_an_unexpected_set_up_error_is_one_line_for_every_rank(monkeypatch, capsys):
+def test_an_unexpected_set_up_error_is_one_line_for_every_rank(monkeypatch, capsys, tmp_path):
     from pgc_mpi.config import config_from_args
+    from pgc_mpi.runs import run_lock
     from pgc_mpi.runtime import train
 
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire\nsecond line")
 
     monkeypatch.setattr(train, "_problem", broken)
-    cfg = train._configure(lambda: config_from_args(["--steps", "3"]), ranks=5)
-    assert train._outcome(lambda: train._prepare(cfg, 4, None, None)) == (1, None)
+    cfg = train._configure(lambda: config_from_args(["--steps", "3", "--out", str(tmp_path / "run")]), ranks=5,
+                           prog="pgc-train")
+    try:
+        assert train._outcome(lambda: train._prepare(cfg, 4, None, None)) == (1, None)
+    finally:
+        run_lock.release_all()
     err = capsys.readouterr().err
     assert "pgc-train: error: RuntimeError: disk on fire while setting up the run" in err
     assert "Traceback" not in err and "second line" not in err
