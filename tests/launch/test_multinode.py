@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ from helpers import (
     daemon_state_dir,
     events_of,
     run_train,
+    sbatch_wait,
     slurm_job_gone,
     slurm_job_state,
     slurm_release_requeued,
@@ -106,9 +106,10 @@ def _failed_at_start(log: Path | None) -> bool:
 
 def _sbatch(env: dict, cwd: Path, args: list[str], timeout: int = START_TIMEOUT,
             hung_after: float = HUNG_AFTER) -> subprocess.CompletedProcess:
-    """sbatch --wait, bounded here and by the job's own --time; a job still there is cancelled. A
-    job that failed at start (INIT_FAILURES in its -o file, then a failed exit or a silent hang) is
-    submitted again; the failed start's log is kept beside it as <log>.failed<k>."""
+    """sbatch and wait for the job's end, bounded here and by the job's own --time; a job still
+    there is cancelled. A job that failed at start (INIT_FAILURES in its -o file, then a failed
+    exit or a silent hang) is submitted again; the failed start's log is kept beside it as
+    <log>.failed<k>."""
     log = Path(args[args.index("-o") + 1]) if "-o" in args else None
     for attempt in range(1, START_ATTEMPTS + 1):
         proc, hung = _sbatch_once(env, cwd, args, timeout, log, hung_after)
@@ -124,37 +125,19 @@ def _sbatch(env: dict, cwd: Path, args: list[str], timeout: int = START_TIMEOUT,
 
 def _sbatch_once(env: dict, cwd: Path, args: list[str], timeout: int, log: Path | None,
                  hung_after: float) -> tuple[subprocess.CompletedProcess, bool]:
-    """One sbatch --wait; True beside it when the job was cancelled as hung at start."""
-    name = f"pgc-test-{uuid.uuid4().hex[:12]}"  # to cancel it before sbatch --wait has said its id
-    cmd = ["sbatch", "--wait", "--parsable", "--time=4", "-J", name, *args]
-    sbatch = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline, hung, last_size, quiet_since = time.monotonic() + timeout, False, -1, time.monotonic()
+    """One job waited for (helpers.sbatch_wait); True beside it when it was cancelled as hung at start."""
+    quiet = {"size": -1, "since": time.monotonic()}
+
+    def hung() -> bool:
+        size = log.stat().st_size if log is not None and log.exists() else 0
+        if size != quiet["size"]:
+            quiet["size"], quiet["since"] = size, time.monotonic()
+        return time.monotonic() - quiet["since"] > hung_after and _failed_at_start(log)
+
     try:
-        while sbatch.poll() is None:
-            size = log.stat().st_size if log is not None and log.exists() else 0
-            if size != last_size:
-                last_size, quiet_since = size, time.monotonic()
-            # sbatch --wait notices a job's end up to 32 s late (it backs off): a job that has ended is not hung
-            hung = (time.monotonic() - quiet_since > hung_after and _failed_at_start(log)
-                    and _running(env, name))
-            if time.monotonic() > deadline or hung:
-                subprocess.run(["scancel", "-n", name], env=env, capture_output=True, timeout=30)
-                sbatch.wait(timeout=60)
-                break
-            time.sleep(1)
-        out, err = sbatch.communicate(timeout=60)
-    finally:
-        if sbatch.poll() is None:
-            sbatch.kill()
-        subprocess.run(["scancel", "-n", name], env=env, capture_output=True, timeout=30)
-    return subprocess.CompletedProcess(cmd, sbatch.returncode, out, err), hung
-
-
-def _running(env: dict, name: str) -> bool:
-    """Whether the job named `name` is still running (squeue)."""
-    state = subprocess.run(["squeue", "-h", "-n", name, "-o", "%T"], env=env, capture_output=True, text=True,
-                           timeout=30).stdout.split()
-    return "RUNNING" in state
+        return sbatch_wait(env, cwd, ["--time=4", *args], timeout, cancel_if=hung)
+    except subprocess.TimeoutExpired as late:
+        return subprocess.CompletedProcess(late.cmd, 1, late.output, f"not ended after {timeout} s, cancelled"), False
 
 
 def _plant_stale_segment(env: dict, node: int) -> str:
@@ -197,8 +180,7 @@ def test_a_job_that_hangs_at_start_is_cancelled_and_submitted_again(cluster, tmp
 
 def test_a_start_that_logs_the_error_and_runs_on_is_left_alone(cluster, tmp_path):
     """The plugin's error alone is no failure: a job that logs it and then keeps logging (as a run
-    does, more often than hung_after) and ends is one start, never cancelled, however late
-    sbatch --wait notices its end."""
+    does, more often than hung_after) and ends is one start, never cancelled."""
     log = tmp_path / "job.out"
     script = f"{PMI2_ERROR}; for i in 1 2 3 4 5; do sleep 2; echo step $i; done"
     proc = _sbatch(cluster, tmp_path, ["-N", "1", "-n", "1", "-o", str(log), "--wrap", script], hung_after=5)

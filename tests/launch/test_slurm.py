@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import daemon_state_dir, events_of, slurm_job_gone, slurm_release_requeued, steps_of
+from helpers import daemon_state_dir, events_of, sbatch_wait, slurm_job_gone, slurm_release_requeued, steps_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = ROOT / "launch" / "slurm"
@@ -63,7 +63,10 @@ def _fnv1a(text: str) -> int:
 
 
 def _sbatch(env: dict, cwd: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
-    return subprocess.run(["sbatch", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    """sbatch; with --wait, helpers.sbatch_wait's (which notices the end within a second)."""
+    if "--wait" not in args:
+        return subprocess.run(["sbatch", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return sbatch_wait(env, cwd, [a for a in args if a not in ("--wait", "--parsable")], timeout)[0]
 
 
 def _job(env: dict, job: str) -> dict[str, str]:
