@@ -29,11 +29,16 @@ for arg in "$@"; do  # the last --out and --scheme, as pgc-train reads them
 done
 extra=()
 if [ -z "$out" ]; then out="runs/local-$(date -u +%Y%m%d-%H%M%S)-$$"; extra=(--out "$out"); fi
+start_status() {  # the status of the run's newest summary if this start wrote it (its "time" >= $started)
+  grep -h '"event": "summary"' "$out/metrics.jsonl" 2>/dev/null | tail -n 1 | awk -v since="$started" '
+    match($0, /"time": [0-9.]+/) && substr($0, RSTART + 8, RLENGTH - 8) + 0 >= since \
+      && match($0, /"status": "[^"]*"/) { print substr($0, RSTART + 11, RLENGTH - 12) }'
+}
 while :; do
+  started=$(date +%s)
   mpiexec -disable-auto-cleanup -n $((workers + 1)) pgc-train --threads "${OMP_NUM_THREADS}" "$@" ${extra[@]+"${extra[@]}"}
   rc=$?
-  status=$(grep -h '"event": "summary"' "$out/metrics.jsonl" 2>/dev/null | tail -n 1 \
-    | sed -n 's/.*"status": "\([^"]*\)".*/\1/p')
+  status=$(start_status)  # none when a rank killed by a signal took the start down
   case "$rc:$status" in
     "3:stopped by SIGUSR1") lost=1 ;;                          # hydra's word that a rank died
     "5:workers lost: ["*) lost=$(tr -cd ',' <<<"$status" | wc -c); lost=$((lost + 1)) ;;
