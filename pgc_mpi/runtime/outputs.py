@@ -59,15 +59,16 @@ def open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
                                      "resumed_from_step": resume.step if resume else None,
                                      "worker_changes": changes,
                                      "provenance": provenance.with_earlier_starts(start, previous)})
-    log.info("%s with n=%d workers, s=%d, c=%d; %s (%d parameters, %s); output in %s",
-             cfg.scheme, scheme.n, scheme.s, scheme.c, cfg.describe_problem(), problem.dim, cfg.dtype, out)
+    log.info("%s with n=%d workers%s, c=%d; %s (%d parameters, %s); output in %s", cfg.scheme, scheme.n,
+             "" if cfg.scheme in ("dgd", "ddp") else f", s={scheme.s}", scheme.c, cfg.describe_problem(),
+             problem.dim, cfg.dtype, out)
     return out, metrics, Progress(cfg.steps, cfg.log_interval, log)
 
 
 def close_outputs(cfg: TrainConfig, scheme, totals, control, wall: float, metrics: MetricsWriter, progress: Progress,
-                   trajectory: list[np.ndarray], servers: list[dict] | None = None) -> dict:
+                   trajectory: list[np.ndarray], servers: list[dict] | None = None, prog: str = "pgc-train") -> dict:
     """Rank 0's outputs at the end of every run: the summary record (with --servers, what each
-    server received), params.npy and the printed report. Returns the summary."""
+    server received), params.npy and the printed report (headed by `prog`). Returns the summary."""
     progress.close()
     summary = _summary(totals, control, wall, metrics.path, scheme.n)
     if servers is not None:
@@ -75,7 +76,7 @@ def close_outputs(cfg: TrainConfig, scheme, totals, control, wall: float, metric
     metrics.write(summary)
     if cfg.record_params:
         np.save(Path(cfg.out) / "params.npy", np.stack(trajectory))
-    _report(cfg, scheme, summary, control.last_eval, Path(cfg.out))
+    _report(cfg, scheme, summary, control.last_eval, Path(cfg.out), prog)
     return summary
 
 
@@ -101,17 +102,23 @@ def _summary(totals, control, wall: float, metrics_path: Path, workers: int) -> 
             **{f"final_{k}": v for k, v in control.last_eval.items()}}
 
 
-def _report(cfg: TrainConfig, scheme, summary: dict, last_eval: dict, out: Path) -> None:
-    """The few lines pgc-train prints at the end."""
+def _report(cfg: TrainConfig, scheme, summary: dict, last_eval: dict, out: Path, prog: str) -> None:
+    """The few lines a run prints at the end."""
     scores = ", ".join(f"{k.replace('_', ' ')} {100 * v:.1f}%" if k.endswith("accuracy") else
                        f"{k.replace('_', ' ')} {v:.4f}" for k, v in last_eval.items() if k != "step")
-    print(f"pgc-train: {cfg.scheme} (n={scheme.n}, s={scheme.s}) on {cfg.describe_problem()}: "
+    print(f"{prog}: {_scheme_label(cfg.scheme, scheme)} on {cfg.describe_problem()}: "
           f"{summary['steps']} steps in {summary['wall_time']:.1f} s, median step "
           f"{1e3 * (summary['median_step_time'] or 0):.1f} ms\n"
           f"  {scores}\n"
           f"  stragglers skipped {summary['stragglers_skipped']} worker-steps, late messages "
           f"{summary['late_messages']}, over-stale messages rejected {summary['rejected_stale']}, "
           f"deadline misses {summary['deadline_missed']}\n{_saved_line(summary)}  outputs: {out}", flush=True)
+
+
+def _scheme_label(name: str, scheme) -> str:
+    """"pgc-cr (n=4, s=1)"; s only where the scheme tolerates stragglers (dgd waits for every
+    worker and ddp's all-reduce needs every peer, whatever --stragglers says)."""
+    return f"{name} (n={scheme.n})" if name in ("dgd", "ddp") else f"{name} (n={scheme.n}, s={scheme.s})"
 
 
 def _saved_line(summary: dict) -> str:

@@ -275,7 +275,7 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
         return 0
     if rank > 0:
         return _run_follower(cfg, comm, log, scheme, header, wire)
-    return _run_master(cfg, comm, log, scheme, problem, header, wire, resume, start, outcome)
+    return _run_master(cfg, comm, log, scheme, problem, header, wire, resume, start, outcome, prog)
 
 
 def _memory_ok(cfg: TrainConfig, comm, scheme, state, prog: str) -> bool:
@@ -336,7 +336,7 @@ def _run_follower(cfg: TrainConfig, comm, log, scheme, header, wire: WireFormat)
 
 
 def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: WireFormat, resume,
-                start: dict, outcome: JobOutcome) -> int:
+                start: dict, outcome: JobOutcome, prog: str) -> int:
     from ..runs.checkpoint import Checkpointer
     from .master import Master
     from .servers import Leader, server_report
@@ -361,7 +361,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: Wire
     if leader is not None and not control.stopped_by:
         servers = [server_report(0, totals, link.bytes_received), *leader.end(totals.steps, cfg.grace)]
     outcome.summary = close_outputs(cfg, scheme, totals, control, time.monotonic() - began, metrics, progress,
-                                     master.trajectory, servers)
+                                     master.trajectory, servers, prog=prog)
     # master.w, not full_params(): with --servers K that gathers the shards, and the other servers are
     # past their step loop by now (it would wait for them forever). The run's last step was
     # evaluated, and the evaluation gathered the whole vector into master.w then.
@@ -418,7 +418,7 @@ def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePl
     control = _control(cfg, out, monitor.evaluate, metrics)
     totals = monitor.run(control)
     outcome.summary = close_outputs(cfg, scheme, totals, control, time.monotonic() - monitor.began, metrics,
-                                     progress, monitor.trajectory)
+                                     progress, monitor.trajectory, prog=prog)
     outcome.params, outcome.problem, outcome.out = monitor.params.copy(), problem, cfg.out
     if control.stopped_by:  # the workers are still in their loop: the abort ends them (status 3: requeue)
         metrics.close()

@@ -38,7 +38,7 @@ def test_each_example_trains_under_mpiexec(tmp_path, example, scheme, metric):
     evals = events_of(out, "eval")
     assert [e["step"] for e in evals] == [19, 39] and all(metric in e for e in evals)
     assert evals[-1]["train_loss"] < evals[0]["train_loss"] * 1.5  # trained, not diverged
-    assert f"{scheme} (n=4" in proc.stdout  # the scheme the example chose, on 4 workers
+    assert f"pgc_mpi.fit: {scheme} (n=4" in proc.stdout  # the scheme the example chose, on 4 workers; fit names itself
 
 
 @pytest.mark.parametrize("example,flags,ranks", [
