@@ -15,6 +15,10 @@ from ..runs.metrics import MetricsWriter, Progress, json_line, write_json
 from ..runs.results import read_steps
 from . import provenance
 
+# Schemes for which --stragglers means nothing, so the log and the report leave s out: dgd waits for
+# every worker and ddp's all-reduce needs every peer.
+WAIT_FOR_EVERY_WORKER = ("dgd", "ddp")
+
 
 def record_failure(cfg: TrainConfig, rank: int, reason: str) -> None:
     """Append a "failed" summary with its one-line reason to the run's metrics, from whichever rank
@@ -60,7 +64,7 @@ def open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
                                      "worker_changes": changes,
                                      "provenance": provenance.with_earlier_starts(start, previous)})
     log.info("%s with n=%d workers%s, c=%d; %s (%d parameters, %s); output in %s", cfg.scheme, scheme.n,
-             "" if cfg.scheme in ("dgd", "ddp") else f", s={scheme.s}", scheme.c, cfg.describe_problem(),
+             "" if cfg.scheme in WAIT_FOR_EVERY_WORKER else f", s={scheme.s}", scheme.c, cfg.describe_problem(),
              problem.dim, cfg.dtype, out)
     return out, metrics, Progress(cfg.steps, cfg.log_interval, log)
 
@@ -116,9 +120,8 @@ def _report(cfg: TrainConfig, scheme, summary: dict, last_eval: dict, out: Path,
 
 
 def _scheme_label(name: str, scheme) -> str:
-    """"pgc-cr (n=4, s=1)"; s only where the scheme tolerates stragglers (dgd waits for every
-    worker and ddp's all-reduce needs every peer, whatever --stragglers says)."""
-    return f"{name} (n={scheme.n})" if name in ("dgd", "ddp") else f"{name} (n={scheme.n}, s={scheme.s})"
+    """"pgc-cr (n=4, s=1)"; "dgd (n=4)" where s means nothing (WAIT_FOR_EVERY_WORKER)."""
+    return f"{name} (n={scheme.n})" if name in WAIT_FOR_EVERY_WORKER else f"{name} (n={scheme.n}, s={scheme.s})"
 
 
 def _saved_line(summary: dict) -> str:
