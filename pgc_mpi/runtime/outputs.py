@@ -70,7 +70,7 @@ def open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
 
 
 def close_outputs(cfg: TrainConfig, scheme, totals, control, wall: float, metrics: MetricsWriter, progress: Progress,
-                   trajectory: list[np.ndarray], servers: list[dict] | None = None, prog: str = "pgc-train") -> dict:
+                   trajectory: list[np.ndarray], servers: list[dict] | None = None, *, prog: str) -> dict:
     """Rank 0's outputs at the end of every run: the summary record (with --servers, what each
     server received), params.npy and the printed report (headed by `prog`). Returns the summary."""
     progress.close()
