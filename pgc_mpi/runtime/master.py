@@ -431,12 +431,14 @@ class Master:
         totals.late += record["late"]
         totals.rejected += len(record["rejected"])
         totals.deadline_missed += int(missed)
-        if self.control.checkpoint_due(t + 1):
-            self.checkpoint()
         if self.metrics is not None:
             self.metrics.write({"step": t, "wall_time": time.monotonic() - self._started - self.control.eval_seconds,
                                 "step_time": step_time, **master_times(self._times),
                                 "bytes_received": self.link.bytes_received, **record})
+        # The step's record before the checkpoint that counts it done: a kill between the two then
+        # leaves a record the resume cuts (it keeps the checkpoint's steps), never a step without one.
+        if self.control.checkpoint_due(t + 1):
+            self.checkpoint()
         if self.settings.record_params:
             self.trajectory.append(self.full_params().copy())
         if self.progress is not None:
