@@ -29,6 +29,7 @@ _LAZY = {
     "Logistic": "learning.problems",
     "Quadratic": "learning.problems",
     "FlatParams": "learning.models",
+    "build_model": "learning.architectures",
     "TorchProblem": "learning.models",
     "torch_problem": "learning.models",
     "open_dataset": "learning.datasets",

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..choices import DEADLINE_POLICIES, MODELS, OPTIMIZERS, PEER_SCHEMES
+from ..choices import DEADLINE_POLICIES, LR_SCHEDULES, MODELS, OPTIMIZERS, PEER_SCHEMES
 from ..core.schemes import FR_DECODE_RULES, ON_STALE, SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
 from ..core.stragglers import USAGE as DELAY_USAGE
 from ..core.stragglers import DelayModel
@@ -81,6 +81,17 @@ class CoreConfig:
     adapt: bool = False
     fixed_minibatch: bool = False
     wire_dtype: str | None = None
+    # the training recipe (pgc_mpi.learning.optim.Recipe): the same in pgc-train and pgc-sim
+    weight_decay: float = 0.0
+    betas: str = "0.9,0.999"
+    eps: float = 1e-8
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    lr_milestones: str | None = None
+    lr_gamma: float = 0.1
+    clip_grad_norm: float | None = None
+    accumulate: int = 1
 
     def validate_core(self, workers: int) -> None:
         """Check the shared fields, then that the scheme, s, c and the delay model fit `workers` workers."""
@@ -93,7 +104,7 @@ class CoreConfig:
         _nonnegative_int("stragglers", self.stragglers)
         _positive_int("steps", self.steps)
         _positive("lr", self.lr)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        self._check_optimizer()
         _choice("fr-decode", self.fr_decode, FR_DECODE_RULES)
         if self.wire_dtype is not None:
             _choice("wire-dtype", self.wire_dtype, WIRE_DTYPES)
@@ -120,6 +131,44 @@ class CoreConfig:
         if self.scheme not in PEER_SCHEMES:  # ddp builds no scheme: s, c and the staleness options do not apply
             self._check_scheme_fit(workers, bound)
         DelayModel(self.delay, workers, seed=self.seed)
+
+    def _check_optimizer(self) -> None:
+        """The recipe's fields: the optimizer, its hyper-parameters, the schedule, clipping, accumulation."""
+        if not (self.optimizer in OPTIMIZERS or (self.takes_plugins and is_spec(self.optimizer))):
+            also = " or PATH:NAME (a factory model -> torch.optim.Optimizer)" if self.takes_plugins else ""
+            raise ConfigError(f"--optimizer {self.optimizer!r} is not one of: {', '.join(OPTIMIZERS)}{also}")
+        if not (_is_number(self.weight_decay) and math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError(f"--weight-decay must be a number >= 0, got {self.weight_decay!r}")
+        betas = _floats("betas", self.betas)
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ConfigError(f"--betas must be two numbers in [0, 1) separated by a comma (e.g. 0.9,0.999), "
+                              f"got {self.betas!r}")
+        _positive("eps", self.eps)
+        _choice("lr-schedule", self.lr_schedule, LR_SCHEDULES)
+        _nonnegative_int("warmup-steps", self.warmup_steps)
+        if not (_is_number(self.min_lr) and 0 <= self.min_lr <= (self.lr if _is_number(self.lr) else math.inf)):
+            raise ConfigError(f"--min-lr must be a number in [0, --lr], got {self.min_lr!r}")
+        if self.lr_schedule == "step":
+            milestones = _floats("lr-milestones", self.lr_milestones or "")
+            if not milestones or any(m != int(m) or m < 1 for m in milestones) or list(milestones) != sorted(
+                    set(milestones)):
+                raise ConfigError(f"--lr-schedule step needs --lr-milestones: increasing step numbers >= 1 "
+                                  f"separated by commas (e.g. 300,600), got {self.lr_milestones!r}")
+        elif self.lr_milestones is not None:
+            raise ConfigError(f"--lr-milestones applies to --lr-schedule step, not {self.lr_schedule}: leave it out "
+                              f"or use --lr-schedule step")
+        if not (_is_number(self.lr_gamma) and 0 < self.lr_gamma <= 1):
+            raise ConfigError(f"--lr-gamma must be a number in (0, 1], got {self.lr_gamma!r}")
+        if self.clip_grad_norm is not None:
+            _positive("clip-grad-norm", self.clip_grad_norm)
+        _positive_int("accumulate", self.accumulate)
+        if self.adapt and (self.lr_schedule != "constant" or self.warmup_steps):
+            raise ConfigError(f"--adapt and --lr-schedule {self.lr_schedule}"
+                              f"{f' --warmup-steps {self.warmup_steps}' if self.warmup_steps else ''} both set the "
+                              f"learning rate: use one of them (pbs's --adapt with a constant --lr)")
+
+    # Whether --optimizer may name a factory PATH:NAME (pgc-train's; the simulator takes the built-ins).
+    takes_plugins = False
 
     def scheme_names(self) -> tuple[str, ...]:
         """The schemes this command runs: the simulated ones (pgc-train adds PEER_SCHEMES)."""
@@ -199,6 +248,14 @@ def _is_int(value: object) -> bool:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _floats(name: str, text: object) -> tuple[float, ...]:
+    """Numbers separated by commas (--betas, --lr-milestones), or ConfigError."""
+    try:
+        return tuple(float(part) for part in str(text).split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"--{name} must be numbers separated by commas, got {text!r}") from None
 
 
 def _positive_int(name: str, value: int) -> None:

@@ -38,7 +38,8 @@ import numpy as np
 from .train import TrainConfig
 
 MiB = 1 << 20
-_OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}  # vectors of the shard besides the parameters
+# vectors of the shard besides the parameters; a user's optimizer (PATH:NAME) is counted as Adam's two
+_OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2, "adamw": 2}
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def rank_need(cfg: TrainConfig, scheme, size: ProblemSize, rank: int, built: boo
         return Need("worker", tuple(parts))
     shard = d // servers + (rank < d % servers)
     parts = [problem, (f"{n} receive rows", n * shard * w), ("widened rows", n * shard * b if w < b else 0.0),
-             ("parameters, gradient, optimizer", (2 + _OPTIMIZER_STATE[cfg.optimizer]) * shard * b),
+             ("parameters, gradient, optimizer", (2 + _OPTIMIZER_STATE.get(cfg.optimizer, 2)) * shard * b),
              ("torch optimizer", 64 * MiB),
              ("send buffers", 2 * shard * w)]
     if scheme.kind == "table":

@@ -11,7 +11,7 @@ from dataclasses import Field, fields
 from pathlib import Path
 from typing import Any
 
-from ..choices import BUILTIN_DATASETS, DTYPE_NAMES, MODELS, OPTIMIZERS, PEER_SCHEMES
+from ..choices import AUTOCAST, BUILTIN_DATASETS, DTYPE_NAMES, LR_SCHEDULES, MODELS, OPTIMIZERS, PEER_SCHEMES
 from ..core.faults import KINDS as FAULT_KINDS
 from ..core.schemes import SCHEME_NAMES
 from ..core.stragglers import USAGE as DELAY_USAGE
@@ -38,8 +38,34 @@ _HELP = {
     "replication": "pbs only: how many workers store each partition (R)",
     "steps": "training steps (model updates)",
     "lr": "learning rate",
-    "optimizer": f"master's optimizer: {', '.join(OPTIMIZERS)}",
-    "momentum": "momentum of --optimizer momentum",
+    "optimizer": f"master's optimizer: {', '.join(OPTIMIZERS)}; pgc-train also takes PATH:NAME, your factory "
+                 f"model -> torch.optim.Optimizer (param groups welcome), called once on the master",
+    "momentum": "momentum of --optimizer momentum and nesterov",
+    "weight_decay": "weight decay of the built-in optimizers (adamw: decoupled), on every parameter (for weights "
+                    "only, give a factory with param groups)",
+    "betas": "adam and adamw: beta1,beta2",
+    "eps": "adam and adamw: epsilon",
+    "lr_schedule": f"learning-rate schedule over --steps updates: {', '.join(LR_SCHEDULES)} (cosine and linear "
+                   f"decay to --min-lr at the last step; step multiplies by --lr-gamma at each of --lr-milestones)",
+    "warmup_steps": "linear warm-up from lr/W to lr over the first W updates, before the schedule",
+    "min_lr": "the learning rate cosine and linear decay to",
+    "lr_milestones": "--lr-schedule step: the updates at which the rate is multiplied by --lr-gamma (e.g. 300,600)",
+    "lr_gamma": "--lr-schedule step: the factor at each milestone",
+    "clip_grad_norm": "clip the decoded gradient to this global L2 norm before the optimizer (the norm before "
+                      "clipping is in every step record as grad_norm)",
+    "accumulate": "each partition gradient is the mean over this many micro-batches of --batch-size (a larger "
+                  "minibatch at the same memory)",
+    "scheduler": "PATH:NAME of your factory optimizer -> torch LRScheduler, stepped once per update (instead of "
+                 "--lr-schedule)",
+    "autocast": f"mixed precision of the workers' forward and backward: {', '.join(AUTOCAST)} (torch.autocast; "
+                f"fp16 on --device cuda only, with a loss scale per gradient); gradients leave in --dtype",
+    "early_stop": "stop when an evaluated metric stops improving: METRIC:PATIENCE[:MODE[:MIN_DELTA]] (e.g. "
+                  "test_accuracy:5; patience in evaluations; mode min, max or auto)",
+    "keep_best": "keep the checkpoint with the best METRIC[:MODE] as OUT/checkpoints/best.h5 (pgc-export "
+                 "--checkpoint best)",
+    "csv_log": "also write every evaluation as a row of this CSV file",
+    "tensorboard": "also write TensorBoard event files (loss, lr, grad norm, evaluations) into this folder, on the "
+                   "node (needs the [tensorboard] extra)",
     "delay": f"straggler injection, extra seconds per worker and step: {DELAY_USAGE}",
     "deadline": "seconds the master waits per step before --on-deadline applies",
     "on_deadline": "on a missed deadline: wait (keep waiting), partial (decode what arrived), fail",
@@ -135,6 +161,11 @@ _NONE_DEFAULT = {
     "log_dir": "none, standard error only",
     "compute_time": "none, as long as it takes",
     "wire_dtype": "--dtype; pgc-sim: float64, nothing rounded",
+    "lr_milestones": "none",
+    "clip_grad_norm": "none, no clipping",
+    "scheduler": "none, --lr-schedule",
+    "early_stop": "none",
+    "keep_best": "none",
 }
 
 

@@ -17,10 +17,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ..choices import DEVICE_CHOICES, DTYPE_NAMES, PEER_SCHEMES
+from ..choices import AUTOCAST, DEVICE_CHOICES, DTYPE_NAMES, PEER_SCHEMES
 from ..core.faults import parse_faults
 from ..core.schemes import SCHEME_NAMES
 from ..errors import ConfigError
+from ..learning.plugins import is_spec
 from ..learning.problems import PROBLEMS
 from .core import (
     CoreConfig,
@@ -105,6 +106,14 @@ class TrainConfig(CoreConfig):
     master_device: str = "cpu"
     share_gpus: bool = False
     servers: int = 1
+    scheduler: str | None = None
+    autocast: str = "none"
+    early_stop: str | None = None
+    keep_best: str | None = None
+    csv_log: str | None = None
+    tensorboard: str | None = None
+
+    takes_plugins = True  # --optimizer PATH:NAME (CoreConfig)
 
     def __post_init__(self) -> None:
         """Fill the defaults of the kind of problem chosen (see the class docstring)."""
@@ -162,8 +171,54 @@ class TrainConfig(CoreConfig):
             raise ConfigError("--resume and --overwrite exclude each other: --resume continues the run in --out, "
                               "--overwrite deletes it")
         parse_faults(self.fault, workers)
+        self._check_recipe()
         if self.scheme in PEER_SCHEMES:
             self._check_peer_options()
+
+    def _check_recipe(self) -> None:
+        """What pgc-train adds to the recipe (CoreConfig checks the rest): a scheduler factory,
+        autocast, accumulation's minibatches, the built-in callbacks, and what --servers K allows."""
+        from .callback_specs import parse_early_stop, parse_keep_best
+
+        if self.scheduler is not None:
+            if not is_spec(self.scheduler):
+                raise ConfigError(f"--scheduler {self.scheduler!r} is not PATH:NAME (a module or file, a colon, and "
+                                  f"a factory optimizer -> torch LRScheduler in it)")
+            if self.lr_schedule != "constant" or self.warmup_steps:
+                raise ConfigError(f"--scheduler {self.scheduler} and --lr-schedule {self.lr_schedule}"
+                                  f"{' / --warmup-steps' if self.warmup_steps else ''} both set the learning rate: "
+                                  f"give one of them")
+            if self.adapt:
+                raise ConfigError("--adapt and --scheduler both set the learning rate: use one of them")
+        _choice("autocast", self.autocast, AUTOCAST)
+        if self.autocast != "none" and self.synthetic:
+            raise ConfigError(f"--autocast {self.autocast}: --problem {self.problem} is computed with NumPy; autocast "
+                              f"applies to torch models")
+        if self.autocast == "fp16" and self.device != "cuda":
+            raise ConfigError(f"--autocast fp16 needs --device cuda (float16 autocast with its loss scale is for GPUs; "
+                              f"got --device {self.device}): use --autocast bf16 on CPUs")
+        if self.accumulate > 1 and self.batch_size is None:
+            raise ConfigError(f"--accumulate {self.accumulate} averages micro-batches of --batch-size: give "
+                              f"--batch-size (without it every gradient is of the whole partition)")
+        if self.accumulate > 1 and self.scheme in PEER_SCHEMES:
+            raise ConfigError(f"--accumulate is not supported with --scheme {self.scheme} in this version; use a "
+                              f"larger --batch-size, or dgd (the same update on the parameter server)")
+        if self.servers > 1 and is_spec(self.optimizer):
+            raise ConfigError(f"--optimizer {self.optimizer} with --servers {self.servers}: a user's optimizer may "
+                              f"need whole tensors and param groups, which shards cut; use --servers 1, or a "
+                              f"built-in optimizer (element-wise: each server steps its shard)")
+        if self.servers > 1 and self.clip_grad_norm is not None:
+            raise ConfigError(f"--clip-grad-norm with --servers {self.servers}: clipping by the global norm is not "
+                              f"supported with several servers in this version; use --servers 1")
+        if self.early_stop is not None:
+            parse_early_stop(self.early_stop)
+        if self.keep_best is not None:
+            parse_keep_best(self.keep_best)
+            if self.scheme in PEER_SCHEMES:
+                raise ConfigError(f"--keep-best writes checkpoints, which --scheme {self.scheme} does not have")
+        for name in ("csv_log", "tensorboard"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a path, got {getattr(self, name)!r}")
 
     def _check_servers(self) -> None:
         """--servers K: a parameter-server scheme (not ddp; pbs's followers repeat rank 0's arrivals)."""

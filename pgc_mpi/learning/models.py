@@ -16,6 +16,7 @@ eval mode.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -23,69 +24,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..choices import DTYPE_NAMES, MODELS
+from ..choices import DTYPE_NAMES
 from ..core.sampling import draw_seed, minibatch_positions, partition_indices
 from ..errors import ConfigError
+from . import state
+from .architectures import build_model
 from .parts import ModelLike, ProblemParts, parts_from_names
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # the torch dtype of each name config accepts
 CALIBRATION_SAMPLES = 4096
+FP16_LOSS_SCALE = 2.0 ** 16  # --autocast fp16: the loss scale every gradient starts from (torch's GradScaler's)
 EVAL_BATCH = 1024
-
-
-class _BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.relu(self.bn1(self.conv1(x)))
-        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
-
-
-class ResNet18(nn.Module):
-    """ResNet-18 for small images (CIFAR variant: 3x3 stem, no max-pool); ~11.2M parameters."""
-
-    def __init__(self, channels: int, num_classes: int):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
-        blocks, cin = [], 64
-        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-            blocks += [_BasicBlock(cin, cout, stride), _BasicBlock(cout, cout, 1)]
-            cin = cout
-        self.blocks = nn.Sequential(*blocks)
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.stem(x)))
-
-
-def build_model(name: str, sample_shape: tuple[int, ...], outputs: int) -> nn.Module:
-    """A fresh model by name for inputs of `sample_shape` and `outputs` logits (1 for regression)."""
-    features = int(np.prod(sample_shape))
-    if name in ("logreg", "linear"):
-        return nn.Sequential(nn.Flatten(), nn.Linear(features, outputs))
-    if name == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(features, 128), nn.ReLU(), nn.Linear(128, outputs))
-    if name in ("cnn", "resnet18") and len(sample_shape) != 3:
-        raise ConfigError(f"model {name!r} needs image samples [channels, height, width], got shape "
-                          f"{list(sample_shape)}: use logreg or mlp for this data set")
-    if name == "cnn":  # LeNet-style; two 2x poolings, so 8x8, 28x28 and 32x32 inputs all fit
-        c, h, w = sample_shape
-        return nn.Sequential(
-            nn.Conv2d(c, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), 128), nn.ReLU(), nn.Linear(128, outputs),
-        )
-    if name == "resnet18":
-        return ResNet18(sample_shape[0], outputs)
-    raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
 
 
 def make_module(model: ModelLike, sample_shape: tuple[int, ...], outputs: int, label: str = "") -> nn.Module:
@@ -175,6 +124,11 @@ class TorchProblem:
     """
 
     optimum = None
+    # --autocast (set by problem_of): none, bf16 or fp16. With fp16 every gradient is computed with
+    # the loss scaled by FP16_LOSS_SCALE, halved and recomputed while the gradient overflows: the
+    # scale starts afresh for every gradient, so that the holders of a partition, which compute the
+    # same thing, find the same scale and send the same bits (decoding stays exact).
+    autocast = "none"
 
     def __init__(self, model: ModelLike, source: Any, n: int, batch_size: int | None,
                  seed: int = 0, dtype: str = "float32", partitions: Iterable[int] | None = None,
@@ -284,9 +238,16 @@ class TorchProblem:
         """Mean loss of the partition's `draw`-th minibatch at w, and its gradient (a copy)."""
         self._load(w)
         self.module.train()
-        self.flat.flat_grad.zero_()
-        loss = self.minibatch_loss(partition, draw)
-        loss.backward()
+        scale = FP16_LOSS_SCALE if self.autocast == "fp16" else None
+        while True:
+            self.flat.flat_grad.zero_()
+            loss = self.minibatch_loss(partition, draw)
+            (loss if scale is None else loss * scale).backward()
+            if scale is None or scale <= 1 or torch.isfinite(self.flat.flat_grad).all():
+                break
+            scale /= 2  # float16 overflowed: the same computation again with half the scale
+        if scale is not None:
+            self.flat.flat_grad.mul_(1 / scale)
         self.flat.check_views()
         self.flat.pull_grads()
         return float(loss.detach()), self.flat.grads.copy()
@@ -301,7 +262,16 @@ class TorchProblem:
             raise KeyError(f"partition {partition} is not stored here (stored: {list(self.stored)})")
         torch.manual_seed(draw_seed(self.seed, partition, draw))
         x, y = self._minibatch(partition, draw)
-        return self._loss((self.module if module is None else module)(x), y)
+        with self._autocast():
+            return self._loss((self.module if module is None else module)(x), y)
+
+    def _autocast(self):
+        """The forward pass's precision (--autocast): torch.autocast on this problem's device, or none.
+        The backward runs outside it, in the dtypes autocast chose; the parameters and their
+        gradients stay in --dtype."""
+        if self.autocast == "none":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16 if self.autocast == "bf16" else torch.float16)
 
     def _minibatch(self, partition: int, draw: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.partitions[partition]
@@ -407,6 +377,18 @@ class TorchProblem:
         """Make `w` (a flat parameter vector) the model's parameters."""
         self._load(w)
 
+    def state_layout(self) -> list[dict[str, Any]]:
+        """The module's state_dict entries in order: name, kind, shape, dtype, offset (learning.state)."""
+        return state.layout_of(self.module)
+
+    def model_state(self, w: np.ndarray) -> dict[str, np.ndarray]:
+        """The module's buffers at parameters `w` as evaluate() recalibrates them (learning.state.model_state)."""
+        return state.model_state(self, w)
+
+    def state_dict(self, w: np.ndarray) -> dict[str, torch.Tensor]:
+        """The module's whole state_dict at `w` on the CPU: parameters from `w`, buffers from model_state(w)."""
+        return state.assemble_state_dict(self.state_layout(), np.asarray(w), self.model_state(w))
+
     def _load(self, w: np.ndarray) -> None:
         if w is not self.flat.values:
             np.copyto(self.flat.values, w, casting="same_kind")
@@ -415,15 +397,18 @@ class TorchProblem:
 
 def problem_of(parts: ProblemParts, n: int, batch_size: int | None, *, seed: int = 0, dtype: str = "float32",
                partitions: Iterable[int] | None = None, eval_train: bool = True,
-               device: torch.device | None = None) -> TorchProblem:
+               device: torch.device | None = None, autocast: str = "none") -> TorchProblem:
     """The torch problem of `parts` cut into n partitions (of which `partitions`, None: all, are
-    read), seeded, on `device` (None: the CPU): what every command and pgc_mpi.fit build."""
+    read), seeded, on `device` (None: the CPU), its gradients computed under `autocast` (none,
+    bf16, fp16): what every command and pgc_mpi.fit build."""
     if parts.source.info.num_train < n:
         raise ConfigError(f"data set {parts.source.info.name!r} has {parts.source.info.num_train} training samples, "
                           f"fewer than the {n} partitions (one per worker): use fewer workers or a larger data set")
-    return TorchProblem(parts.model, parts.source, n, batch_size, seed=seed, dtype=dtype, partitions=partitions,
-                        eval_train=eval_train, device=device, loss=parts.loss, metrics=parts.metrics,
-                        model_label=parts.model_label)
+    problem = TorchProblem(parts.model, parts.source, n, batch_size, seed=seed, dtype=dtype, partitions=partitions,
+                           eval_train=eval_train, device=device, loss=parts.loss, metrics=parts.metrics,
+                           model_label=parts.model_label)
+    problem.autocast = autocast
+    return problem
 
 
 def torch_problem(model: ModelLike, train_data: Any, *, workers: int, loss: Callable | None = None,

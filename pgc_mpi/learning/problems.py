@@ -273,9 +273,37 @@ class FirstMinibatch:
         return self.inner.minibatch_loss(partition, 0, **kwargs)
 
 
-def with_sampling(problem: Problem, fixed_minibatch: bool) -> Problem:
-    """The problem as --fixed-minibatch asks: unchanged, or FirstMinibatch."""
-    return FirstMinibatch(problem) if fixed_minibatch else problem
+class Accumulated:
+    """--accumulate K: a partition's `draw`-th gradient is the mean over K micro-batches, the
+    wrapped problem's draws K*draw .. K*draw + K-1 of that partition, summed in that order: a
+    larger minibatch at one micro-batch's memory, and every holder of the partition computes the
+    same bits (decoding stays exact). The loss is the mean of the micro-batches' losses. Everything
+    else is the wrapped problem's."""
+
+    def __init__(self, problem: Problem, micro_batches: int):
+        self.inner, self.micro_batches = problem, micro_batches
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
+        return self.loss_and_grad(w, partition, draw)[1]
+
+    def loss_and_grad(self, w: np.ndarray, partition: int, draw: int) -> tuple[float, np.ndarray]:
+        k = self.micro_batches
+        loss, total = self.inner.loss_and_grad(w, partition, k * draw)
+        for j in range(1, k):
+            more, grad = self.inner.loss_and_grad(w, partition, k * draw + j)
+            loss += more
+            total += grad
+        total /= k
+        return loss / k, total
+
+
+def with_sampling(problem: Problem, fixed_minibatch: bool, accumulate: int = 1) -> Problem:
+    """The problem as --fixed-minibatch and --accumulate ask: unchanged, FirstMinibatch, Accumulated."""
+    problem = FirstMinibatch(problem) if fixed_minibatch else problem
+    return Accumulated(problem, accumulate) if accumulate > 1 else problem
 
 
 def _minibatch_noise(size: int, batch_size: int | None) -> float:

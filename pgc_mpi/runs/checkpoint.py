@@ -5,6 +5,11 @@ A checkpoint `ckpt-00001200.h5` holds everything the master needs to go on from 
   optimizer/<key>           the torch optimizer's per-parameter state (momentum, Adam moments...)
   encoding_matrix           the scheme's B (coded schemes), checked on resume
   table/grads, versions     pbs's partition table
+  buffers/<name>            a torch model's buffers (batch-norm running statistics...) as an
+                            evaluation at `params` computes them, with the attribute
+                            state_layout: the model's state_dict entries (JSON), so that
+                            read_state_dict rebuilds the state_dict (pgc-export)
+  blobs/<name>              opaque byte strings the master stores (uint8)
   attributes                format, step, scheme, n, s, c, dim, dtype, model and dataset (or
                             a synthetic problem and its samples), the
                             configuration (JSON), the optimizer's param groups (JSON), the master's
@@ -15,14 +20,15 @@ Workers' stale buffers are not stored: after a resume every pipelined worker reb
 warm-up at the resumed model (see CodedScheme.warmup_versions).
 
 Written to a temporary name, flushed, fsynced and renamed, so a crash mid-write never leaves a
-file under a checkpoint's name; the last `keep` checkpoints are kept.
+file under a checkpoint's name; the last `keep` checkpoints are kept. A checkpoint saved under a
+name (`best.h5`) is not a step checkpoint: never listed as one, never pruned.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +37,7 @@ import torch
 
 from ..errors import PgcError
 from ..learning.h5format import atomic_h5
-from .run_folder import checkpoint_name, list_checkpoints
+from .run_folder import checkpoint_name, checkpoint_step, list_checkpoints
 
 FORMAT = 1
 
@@ -52,6 +58,8 @@ class Checkpoint:
     table_versions: np.ndarray | None
     rng: torch.Tensor
     workers_before: int | None = None  # the checkpoint's n, when this run has another (elastic)
+    model_state: tuple[list[dict[str, Any]], dict[str, np.ndarray]] | None = None  # (layout, buffers); None: none
+    blobs: dict[str, bytes] = field(default_factory=dict)
 
 
 def run_identity(scheme, dim: int, *, dtype: str, model: str | None, dataset: str | None, seed: int,
@@ -79,19 +87,32 @@ class Checkpointer:
     keep: int = 3
 
     def save(self, step: int, params: np.ndarray, optimizer: dict[str, Any],
-             encoding: np.ndarray | None = None, table=None) -> Path:
+             encoding: np.ndarray | None = None, table=None, *,
+             model_state: tuple[list[dict[str, Any]], dict[str, np.ndarray]] | None = None,
+             blobs: dict[str, bytes] | None = None, name: str | None = None) -> Path:
         """Write the checkpoint of the state before `step` (see `save`)."""
         return save(self.directory, step, params, optimizer, self.identity, self.config, encoding=encoding,
-                    table=table, keep=self.keep)
+                    table=table, keep=self.keep, model_state=model_state, blobs=blobs, name=name)
 
 
 def save(directory: Path, step: int, params: np.ndarray, optimizer: dict[str, Any], identity: dict[str, Any],
-         config: dict[str, Any], encoding: np.ndarray | None = None, table=None, keep: int = 3) -> Path:
+         config: dict[str, Any], encoding: np.ndarray | None = None, table=None, keep: int = 3, *,
+         model_state: tuple[list[dict[str, Any]], dict[str, np.ndarray]] | None = None,
+         blobs: dict[str, bytes] | None = None, name: str | None = None) -> Path:
     """Write the checkpoint of the state before `step` and drop all but the newest `keep`; `optimizer`
-    is the torch optimizer's state_dict (of the whole vector)."""
+    is the torch optimizer's state_dict (of the whole vector).
+
+    `model_state`: a torch model's (layout, buffers), TorchProblem.state_layout() and
+    TorchProblem.model_state(params), so that read_state_dict (pgc-export) can rebuild its
+    state_dict. `blobs`: byte strings stored as they are, returned by load. `name`: write
+    `<name>.h5` (e.g. "best") instead of the step's file name; such a file is not a step
+    checkpoint (not listed, never pruned, and saving it prunes nothing). ValueError for a name
+    that is not a plain file name or reads as a step checkpoint's."""
     directory = Path(directory)
+    path = directory / (checkpoint_name(step) if name is None else _named(name))
+    if model_state is not None:
+        _check_layout(model_state[0], path)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / checkpoint_name(step)
     state = optimizer
     with atomic_h5(path) as f:
         f.create_dataset("params", data=params)
@@ -104,11 +125,58 @@ def save(directory: Path, step: int, params: np.ndarray, optimizer: dict[str, An
             f.create_dataset("table/grads", data=table.grads)
             f.create_dataset("table/versions", data=table.versions)
         f.create_dataset("torch_rng", data=torch.get_rng_state().numpy())
+        if model_state is not None:
+            layout, buffers = model_state
+            for entry in layout:
+                if entry["kind"] == "buffer":
+                    f.create_dataset(f"buffers/{_h5_key(entry['name'])}", data=np.asarray(buffers[entry["name"]]))
+            f.attrs["state_layout"] = json.dumps(layout)
+        for key, blob in (blobs or {}).items():
+            f.create_dataset(f"blobs/{_h5_key(key)}", data=np.frombuffer(bytes(blob), dtype=np.uint8))
         f.attrs.update({"format": FORMAT, "step": step, **identity, "config": json.dumps(config),
                         "param_groups": json.dumps(state["param_groups"])})
-    for old in list_checkpoints(directory)[:-keep]:
-        old.unlink(missing_ok=True)
+    if name is None:
+        for old in list_checkpoints(directory)[:-keep]:
+            old.unlink(missing_ok=True)
     return path
+
+
+def _named(name: str) -> str:
+    """The file name of the checkpoint saved under `name` (ValueError for one that is not a plain
+    name, or that would read as a step checkpoint's and be pruned with them)."""
+    file = f"{name}.h5"
+    if not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"checkpoint name {name!r} is not a plain file name")
+    if _is_step_name(file):
+        raise ValueError(f"checkpoint name {name!r} reads as a step checkpoint's ({file}); choose another")
+    return file
+
+
+def _is_step_name(file: str) -> bool:
+    """Whether a file name is a step checkpoint's, as list_checkpoints reads names."""
+    try:
+        checkpoint_step(Path(file))
+    except ValueError:
+        return False
+    return True
+
+
+def _h5_key(name: str) -> str:
+    """A state_dict or blob name as an HDF5 dataset name ('/' would make groups: escaped as %2F)."""
+    return name.replace("%", "%25").replace("/", "%2F")
+
+
+def _check_layout(layout: Any, path: Path) -> list[dict[str, Any]]:
+    """A state layout as TorchProblem.state_layout writes it, or CheckpointError."""
+    ok = isinstance(layout, list) and all(
+        isinstance(e, dict) and isinstance(e.get("name"), str) and e.get("kind") in ("param", "buffer")
+        and isinstance(e.get("shape"), list) and all(isinstance(d, int) and d >= 0 for d in e["shape"])
+        and isinstance(e.get("dtype"), str) and isinstance(getattr(torch, e["dtype"], None), torch.dtype)
+        and (e["kind"] == "buffer" or (isinstance(e.get("offset"), int) and e["offset"] >= 0))
+        for e in layout)
+    if not ok or len({e["name"] for e in layout}) != len(layout):
+        raise CheckpointError(f"{path}: its model layout (state_layout) is damaged; use another checkpoint")
+    return layout
 
 
 def resolve(spec: str, directory: Path) -> Path:
@@ -186,8 +254,94 @@ def _read_checked(f, path: Path, identity: dict[str, Any]) -> Checkpoint:
         path=path, step=int(step), params=params, optimizer=optimizer,
         table_grads=_array(f, "table/grads", path, (n, dim) if n is not None else None, dtype) if table else None,
         table_versions=_array(f, "table/versions", path, (n,) if n is not None else None, "int64") if table else None,
-        rng=torch.from_numpy(rng),
+        rng=torch.from_numpy(rng), model_state=_read_model_state(f, path, len(params)), blobs=_read_blobs(f, path),
     )
+
+
+def _read_model_state(f, path: Path, dim: int) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]] | None:
+    """The checkpoint's (layout, buffers), checked: the layout's parameters tile the `dim`
+    parameters, each buffer has its layout's shape and dtype. None when it holds no layout."""
+    if "state_layout" not in f.attrs:
+        return None
+    try:
+        layout = json.loads(f.attrs["state_layout"])
+    except (TypeError, ValueError):
+        layout = None
+    layout = _check_layout(layout, path)
+    spans = sorted({(e["offset"], math.prod(e["shape"])) for e in layout if e["kind"] == "param"})
+    end = 0
+    for offset, size in spans:
+        if offset != end:
+            break
+        end += size
+    if end != dim or len({offset for offset, _ in spans}) != len(spans):
+        raise CheckpointError(f"{path}: its model layout does not fit its {dim} parameters; the checkpoint is "
+                              f"damaged; use another one")
+    buffers = {}
+    for e in layout:
+        if e["kind"] == "buffer":
+            key = f"buffers/{_h5_key(e['name'])}"
+            if key not in f:
+                raise CheckpointError(f"{path}: incomplete checkpoint (missing buffer {e['name']!r}); "
+                                      f"use another one")
+            buffers[e["name"]] = _array(f, key, path, tuple(e["shape"]), _numpy_dtype(e["dtype"], path))
+    return layout, buffers
+
+
+def _numpy_dtype(name: str, path: Path) -> str:
+    """The NumPy dtype a buffer of this torch dtype is stored as."""
+    try:
+        return str(torch.empty(0, dtype=getattr(torch, name)).numpy().dtype)
+    except (TypeError, RuntimeError):
+        raise CheckpointError(f"{path}: its model layout names dtype {name!r}, which a checkpoint cannot "
+                              f"hold; the checkpoint is damaged") from None
+
+
+def _read_blobs(f, path: Path) -> dict[str, bytes]:
+    """The checkpoint's byte strings by name (empty when it has none)."""
+    if "blobs" not in f:
+        return {}
+    blobs = {}
+    for key, data in f["blobs"].items():
+        if not hasattr(data, "dtype") or data.dtype != np.uint8 or data.ndim != 1:
+            raise CheckpointError(f"{path}: blob {key!r} is not a byte string; the checkpoint is damaged")
+        blobs[key.replace("%2F", "/").replace("%25", "%")] = data[...].tobytes()
+    return blobs
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The model's state_dict stored in checkpoint `path` (CPU tensors, ordered like its layout):
+    the parameters sliced from `params` by the layout, the buffers from `buffers/`. What
+    `module.load_state_dict` of a module of the model's class accepts (pgc-export writes it).
+    CheckpointError (one line) for an unreadable or damaged file, and for a checkpoint that holds
+    no model layout (a synthetic --problem run, or a file written before layouts were stored)."""
+    import h5py
+
+    from ..learning.state import assemble_state_dict
+
+    path = Path(path)
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({str(exc).splitlines()[0]})") from None
+    with f:
+        try:
+            if int(f.attrs["format"]) != FORMAT:
+                raise CheckpointError(f"{path}: checkpoint format {f.attrs['format']} is not {FORMAT}")
+            if "state_layout" not in f.attrs:
+                raise CheckpointError(f"{path}: the checkpoint holds no model layout (a synthetic --problem run, "
+                                      f"or a checkpoint written before layouts were stored): no state_dict to "
+                                      f"rebuild")
+            if f["params"].ndim != 1:
+                raise CheckpointError(f"{path}: params is not a vector; the checkpoint is damaged")
+            params = _array(f, "params", path, None, None)
+            layout, buffers = _read_model_state(f, path, len(params))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: incomplete or damaged checkpoint ({exc}); use another one") from None
+    try:
+        return assemble_state_dict(layout, params, buffers)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: its model state does not fit together ({exc}); use another one") from None
 
 
 def _array(f, name: str, path: Path, shape: tuple | None, dtype: str | None) -> np.ndarray:

@@ -100,6 +100,19 @@ def run_completed(run_dir: Path) -> bool:
         return False
 
 
+def stopped_by_callback(run_dir: Path) -> int | None:
+    """The steps of a run whose last summary says a callback stopped it (None: not such a run)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        records = read_metrics(path) if path.is_file() else []
+    except ValueError:  # a line cut short by a crash
+        return None
+    summaries = [r for r in records if r.get("event") == "summary"]
+    if summaries and summaries[-1].get("stopped_by") == "callback":
+        return int(summaries[-1]["steps"])
+    return None
+
+
 def curve(steps: list[dict], evals: list[dict]) -> tuple[list[int], list[float], list[float]]:
     """(step, wall time, loss) points: the full training loss at evaluations when there is one,
     else the test loss."""

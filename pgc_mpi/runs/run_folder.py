@@ -107,9 +107,15 @@ def plan(cfg: TrainConfig, workers: int) -> TrainConfig:
         if not holds_run(out):
             return replace(cfg, resume=None)
         _check_same_run(cfg, workers, out)
+        from .results import run_completed, stopped_by_callback
+
+        step = stopped_by_callback(out)
+        if step is not None:  # finished as the user's callback wished: a requeue must not train it on
+            raise ConfigError(f"--resume auto: {out} holds a run that a callback stopped after step {step} (it is "
+                              f"finished); to train on, resume it with --resume latest, or use --overwrite or "
+                              f"another --out")
         if list_checkpoints(out / "checkpoints"):
             return replace(cfg, resume="latest")
-        from .results import run_completed
 
         if run_completed(out):  # nothing to continue from, and starting again would delete a finished run
             raise ConfigError(f"--resume auto: {out} holds a completed run and no checkpoint to continue it from; "

@@ -7,6 +7,7 @@ steps or on demand (the file OUT/CHECKPOINT, or SIGUSR2), and stop signals (SIGU
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import numbers
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from . import signals
 
 if TYPE_CHECKING:
+    from ..runs.callbacks import Callbacks
     from .servers import Leader
 
 log = logging.getLogger("pgc_mpi")
@@ -65,6 +67,8 @@ class RunControl:
     _eval_losses: list[float] = field(default_factory=list)  # the full training loss of each evaluation
     warned_lr: bool = False  # the learning-rate warning was given (it is given once)
     servers: Leader | None = None  # --servers K: the other servers, told each step rank 0 has done
+    callbacks: Callbacks | None = None  # the user's and the built-in callbacks (pgc_mpi.runs.callbacks)
+    stopped_by_callback: bool = False  # a callback asked to stop: a finished run (exit status 0)
 
     def may_update(self, step: int, lr: float) -> bool:
         """Step `step` is decoded here and will be applied with learning rate `lr`: the other
@@ -99,11 +103,47 @@ class RunControl:
         return (due or self.checkpoint_requested()) and done < self.settings.steps
 
     def checkpoint_at_end(self) -> bool:
-        """Whether to checkpoint when the loop ends: with --checkpoint-every, after a stop signal, or on demand."""
-        return self.settings.checkpoint_every is not None or self.stopped_by is not None or self.checkpoint_requested()
+        """Whether to checkpoint when the loop ends: with --checkpoint-every, after a stop signal or a
+        callback's, or on demand."""
+        return (self.settings.checkpoint_every is not None or self.stopped_by is not None or self.stopped_by_callback
+                or self.checkpoint_requested())
 
-    def after_step(self, step: int, train_loss: float) -> bool:
-        """Evaluate when due and apply the target-loss rule; returns True when the run should stop."""
+    def checkpointed(self, path: Path) -> None:
+        """A checkpoint was written: the callbacks' on_checkpoint."""
+        if self.callbacks is not None:
+            self.callbacks.checkpoint(path)
+
+    def state_blobs(self) -> dict[str, bytes]:
+        """What a checkpoint keeps of the rules: the callbacks' state (early stopping's counters...)."""
+        if self.callbacks is None:
+            return {}
+        return {"callbacks": json.dumps(self.callbacks.state_dict()).encode()}
+
+    def restore(self, blobs: dict[str, bytes]) -> None:
+        """The callbacks' state from a checkpoint's blobs (state_blobs)."""
+        if self.callbacks is not None and "callbacks" in blobs:
+            self.callbacks.load_state_dict(json.loads(blobs["callbacks"].decode()))
+
+    def end(self, summary: dict) -> None:
+        """The run has ended with this summary: the callbacks' on_end."""
+        if self.callbacks is not None:
+            self.callbacks.end(summary)
+
+    def after_step(self, step: int, train_loss: float, record: dict | None = None) -> bool:
+        """The step's record to the callbacks, then evaluate when due and apply the target-loss
+        rule and the callbacks' wishes; returns True when the run should stop."""
+        asked = self.callbacks is not None and record is not None and self.callbacks.step(record)
+        stop = self._evaluate_after(step, train_loss)
+        if asked and not self.stopped_by_callback:
+            self._stop_for_callback(step)
+        return stop or self.stopped_by_callback
+
+    def _stop_for_callback(self, step: int) -> None:
+        self.stopped_by_callback = True
+        log.info("step %d: a callback asked to stop; ending the run with a checkpoint", step + 1)
+
+    def _evaluate_after(self, step: int, train_loss: float) -> bool:
+        """Evaluate when due and apply the target-loss rule; True when the run should stop."""
         self._recent_losses = [*self._recent_losses[-self.settings.eval_every + 1:], train_loss]
         last = step + 1 == self.settings.steps
         stop = self.stop_signal(step + 1) and not last
@@ -115,6 +155,8 @@ class RunControl:
         self.last_eval = {"step": step, **metrics}
         self.write({"event": "eval", **self.last_eval})
         log.info("step %d eval: %s", step + 1, describe(metrics))
+        if self.callbacks is not None and self.callbacks.eval(self.last_eval) and not last:
+            self._stop_for_callback(step)
         self._watch_training_loss(metrics.get("train_loss"))
         target = self.settings.target_loss
         # without a full training-set evaluation, the target is checked on the recent minibatch losses

@@ -73,7 +73,7 @@ from ..core.schemes import CodedScheme, make_scheme
 from ..core.stragglers import DelayModel
 from ..errors import PgcError
 from ..learning.models import TorchProblem
-from ..learning.optim import FlatOptimizer
+from ..learning.optim import make_update
 from ..runs.metrics import MetricsWriter, Progress, master_times
 from .control import ControlSettings
 from .links import PeerInbox, PeerReporter
@@ -86,7 +86,8 @@ log = logging.getLogger("pgc_mpi")
 # One worker's report of one step, sent to rank 0 as bytes.
 REPORT = np.dtype([("step", np.int64), ("loss", np.float64), ("delay", np.float64), ("compute_time", np.float64),
                    ("real_compute_time", np.float64), ("allreduce_time", np.float64), ("step_time", np.float64),
-                   ("wall_time", np.float64), ("diverged", np.int64)])
+                   ("wall_time", np.float64), ("diverged", np.int64),
+                   ("lr", np.float64), ("grad_norm", np.float64)])
 # Connecting to the rendezvous store and forming the group: long enough for a busy cluster node.
 RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=300)
 
@@ -179,7 +180,7 @@ class DdpWorker:
     """One worker rank of a ddp run: DDP training of its own partition, reports to rank 0."""
 
     def __init__(self, cfg: TrainConfig, peers: Peers, scheme: CodedScheme, problem: TorchProblem,
-                 delays: DelayModel):
+                 delays: DelayModel, recipe_objects=None):
         self.cfg, self.peers, self.scheme, self.problem = cfg, peers, scheme, problem
         self.worker = peers.link.Get_rank() - 1
         self.partition = scheme.placement[self.worker][0]
@@ -190,7 +191,7 @@ class DdpWorker:
         self.clock = _StepClock(self.worker, delays, cfg.compute_time)
         self.model.register_comm_hook(self.clock, _delayed_allreduce)
         self.w = problem.flat.values  # the module's parameters: the optimizer updates them in place
-        self.opt = FlatOptimizer(self.w, cfg.optimizer, cfg.lr, momentum=cfg.momentum)
+        self.opt = make_update(cfg, self.w, problem, recipe_objects)
         self.reporter = PeerReporter(peers.link, cfg.poll_interval)
         barrier(peers.link, cfg.poll_interval)  # ready: see Monitor.run
 
@@ -226,8 +227,9 @@ class DdpWorker:
         averaged = time.perf_counter()
         problem.flat.check_views()
         np.copyto(self.opt.grad, problem.flat.grads)
-        self.opt.step()
+        update = self.opt.step()
         report = np.zeros((), dtype=REPORT)
+        report["lr"], report["grad_norm"] = update["lr"], update["grad_norm"]
         report["step"], report["loss"], report["delay"] = t, float(loss.detach()), clock.slept
         report["compute_time"], report["real_compute_time"] = clock.compute_time, clock.real_compute_time
         report["allreduce_time"] = averaged - clock.began - clock.compute_time - clock.slept
@@ -317,14 +319,16 @@ class Monitor:
             collector.offer(msg, self._nothing)
         record = collector.record(collector.decode(), False)
         self.totals.steps = t + 1
-        self.metrics.write({"step": t, "wall_time": float(lead["wall_time"]), "step_time": float(lead["step_time"]),
-                            **master_times(), "bytes_received": (t + 1) * self.grad_bytes,
-                            "allreduce_time": float(self.reports["allreduce_time"].min()), **record,
-                            "wire_error": 0.0})  # no --wire-dtype: the all-reduce runs in --dtype
+        record = {"step": t, "wall_time": float(lead["wall_time"]), "step_time": float(lead["step_time"]),
+                  **master_times(), "bytes_received": (t + 1) * self.grad_bytes,
+                  "allreduce_time": float(self.reports["allreduce_time"].min()), **record,
+                  "lr": float(lead["lr"]), "grad_norm": float(lead["grad_norm"]),
+                  "wire_error": 0.0}  # no --wire-dtype: the all-reduce runs in --dtype
+        self.metrics.write(record)
         if self.cfg.record_params:
             self.trajectory.append(self.params.copy())
         self.progress.update(t, record["train_loss"], float(lead["step_time"]), 0)
-        return control.after_step(t, record["train_loss"])
+        return control.after_step(t, record["train_loss"], record)
 
     def finish(self) -> None:
         """After a run that was not stopped by a signal: the workers' final parameters must agree."""
@@ -341,8 +345,9 @@ class _StopNow(Exception):
 
 
 def run_worker(cfg: TrainConfig, peers: Peers, scheme: CodedScheme, problem: TorchProblem,
-               delays: DelayModel) -> int:
-    """A worker rank's whole ddp run; returns the steps it took."""
-    steps = DdpWorker(cfg, peers, scheme, problem, delays).run()
+               delays: DelayModel, recipe_objects=None) -> int:
+    """A worker rank's whole ddp run (every peer applies the same update: the run's optimizer,
+    schedule and clipping, `recipe_objects` those pgc_mpi.fit was given); returns the steps it took."""
+    steps = DdpWorker(cfg, peers, scheme, problem, delays, recipe_objects).run()
     peers.link.gather(_digest(problem.flat.values), root=0)
     return steps

@@ -11,7 +11,7 @@ folder, metrics, checkpoints, `resume="auto"`, signals, deadlines and faults.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,10 +32,21 @@ class FitResult:
     out: Path
     params: np.ndarray
     model: Any = None
+    problem: Any = None  # rank 0's problem (a TorchProblem for a torch model): state_dict() asks it
+
+    def state_dict(self) -> dict[str, Any]:
+        """The trained model's torch state_dict (CPU tensors), as pgc-export writes it: the
+        parameters `params` and the buffers (batch-norm running statistics...) as the run's
+        evaluation computes them at those parameters (`model` is left holding both). ConfigError
+        for a synthetic --problem, which has no torch model."""
+        if self.problem is None or not hasattr(self.problem, "state_dict"):
+            raise ConfigError("this run trained a synthetic --problem, not a torch model: it has no state_dict")
+        return self.problem.state_dict(self.params)
 
 
 def fit(model: Any = None, train_data: Any = None, *, loss: Callable | str | None = None, test_data: Any = None,
-        metrics: Any = None, collate_fn: Callable | None = None, **options: Any) -> FitResult | None:
+        metrics: Any = None, collate_fn: Callable | None = None, optimizer: Callable | str | None = None,
+        scheduler: Callable | None = None, callbacks: Iterable[Any] = (), **options: Any) -> FitResult | None:
     """Train `model` on `train_data` with a straggler-tolerant scheme, on every rank of MPI's world.
 
     model: a torch.nn.Module, or (preferred) a zero-argument factory of one (a function or an
@@ -53,6 +64,16 @@ def fit(model: Any = None, train_data: Any = None, *, loss: Callable | str | Non
     metrics: callables metric(output, target) -> float over a whole split, reported in the eval
         records as train_<name> and test_<name> (a dict name -> callable, a list, or one);
         accuracy is reported for classification models that output logits.
+    optimizer: a built-in name ('sgd', 'momentum', 'nesterov', 'adam', 'adamw') or a factory
+        called once on the master with its copy of the model, returning any torch.optim.Optimizer
+        over that model's parameters (param groups work: no weight decay on biases and norms);
+        the parameters are views of the master's flat vector, their .grad of the decoded gradient.
+    scheduler: a factory optimizer -> torch LRScheduler, stepped once per update (or the
+        `lr_schedule` option: constant, cosine, linear, step, with `warmup_steps`, `min_lr`).
+    callbacks: objects with any of on_start(run), on_step(record), on_eval(record),
+        on_checkpoint(path), on_end(summary), run on rank 0 (pgc_mpi.runs.callbacks: built-ins
+        EarlyStopping, BestCheckpoint, CSVLogger, TensorBoardLogger); an on_step or on_eval that
+        returns True stops the run after that step (a checkpoint, exit status 0).
     **options: pgc-train's options with `_` for `-` (scheme="pgc-cr", stragglers=2, steps=500,
         lr=0.1, out="runs/mine", resume="auto", checkpoint_every=50, delay="exp:0.05", ...;
         `config` names a TOML file they override), with its defaults and checks.
@@ -64,6 +85,7 @@ def fit(model: Any = None, train_data: Any = None, *, loss: Callable | str | Non
     with resume="auto").
     """
     from .entry import prepare_process
+    from .recipe import RecipeObjects
     from .train import JobOutcome, run_job
 
     prepare_process("pgc_mpi.fit")
@@ -76,10 +98,16 @@ def fit(model: Any = None, train_data: Any = None, *, loss: Callable | str | Non
             raise ConfigError("test_data needs train_data: give both, or neither to use the dataset option")
         if train_data is not None and "dataset" in options:
             raise ConfigError("train_data and the dataset option exclude each other: give one of them")
-        return config_from_options({**options, **_labels(model, train_data, loss)})
+        named = {key: value for key, value in (("optimizer", optimizer), ("scheduler", scheduler)) if value is not None}
+        return config_from_options({**options, **_labels(model, train_data, loss),
+                                    **{key: value if isinstance(value, str) else _label(value)
+                                       for key, value in named.items()}})
 
     outcome = JobOutcome()
-    code = run_job(configure, [*sys.argv[1:]], make_parts, outcome, prog="pgc_mpi.fit")
+    recipe = RecipeObjects(optimizer=None if optimizer is None or isinstance(optimizer, str) else optimizer,
+                           scheduler=None if scheduler is None or isinstance(scheduler, str) else scheduler,
+                           callbacks=tuple(callbacks or ()))
+    code = run_job(configure, [*sys.argv[1:]], make_parts, outcome, prog="pgc_mpi.fit", recipe=recipe)
     if code != 0:
         raise SystemExit(code)
     if outcome.summary is None:  # a worker
@@ -87,7 +115,13 @@ def fit(model: Any = None, train_data: Any = None, *, loss: Callable | str | Non
     trained = getattr(outcome.problem, "module", None)
     if trained is not None:
         outcome.problem.set_params(outcome.params)
-    return FitResult(outcome.summary, Path(outcome.out), outcome.params, trained)
+    return FitResult(outcome.summary, Path(outcome.out), outcome.params, trained, problem=outcome.problem)
+
+
+def _label(obj: Any) -> str:
+    from ..learning.plugins import label_of
+
+    return label_of(obj)
 
 
 def _labels(model: Any, train_data: Any, loss: Any) -> dict[str, Any]:

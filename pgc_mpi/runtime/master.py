@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ from ..core.schemes import CodedScheme, PbsScheme
 from ..core.wire import DECODE_ERROR_WARNING
 from ..errors import Diverged, NotDecodable, PgcError
 from ..learning.diagnostics import TableDiagnostics
-from ..learning.optim import FlatOptimizer
+from ..learning.optim import FlatOptimizer, Recipe
 from ..learning.problems import Problem
 from ..runs.checkpoint import Checkpoint, Checkpointer
 from ..runs.metrics import MASTER_PARTS, MetricsWriter, Progress, RepeatedWarnings, master_times
@@ -60,6 +61,11 @@ class MasterSettings:
     probe_every: int = 20  # pbs diagnostics: steps between two probes (two validation gradients)
     adapt: bool = False
     lost_after: float | None = None  # seconds without an answer before a worker is declared lost (runtime.lost)
+    recipe: Recipe | None = None  # the update (pgc_mpi.learning.optim); None: `optimizer`, `lr`, `momentum`
+
+    def update_recipe(self) -> Recipe:
+        """The recipe of the update: `recipe`, or the built-in `optimizer` at a constant `lr`."""
+        return self.recipe or Recipe(optimizer=self.optimizer, lr=self.lr, momentum=self.momentum, steps=self.steps)
 
 
 @dataclass
@@ -82,19 +88,28 @@ class Master:
     def __init__(self, settings: MasterSettings, scheme: CodedScheme | PbsScheme, params: np.ndarray,
                  link: MasterTransport, metrics: MetricsWriter | None = None, progress: Progress | None = None,
                  checkpointer: Checkpointer | None = None, resume: Checkpoint | None = None,
-                 problem: Problem | None = None, own: slice = slice(None), servers: Leader | None = None):
+                 problem: Problem | None = None, own: slice = slice(None), servers: Leader | None = None,
+                 optimizer: FlatOptimizer | None = None):
         """`params`: the initial parameters, the whole vector on rank 0 and a follower's shard on
         the other servers (--servers K, pgc_mpi.runtime.servers); this server updates `params[own]` and
         rank 0 gathers the rest from `servers` when it needs the whole vector. A follower writes no
         metrics, progress or checkpoints (None). `problem` serves pbs's diagnostics only (rank 0's).
         With pbs and `servers`, rank 0 orders the followers through its arrivals, answers and
-        decodes (pgc_mpi.runtime.servers)."""
+        decodes (pgc_mpi.runtime.servers). `optimizer`: the update, built already over `params[own]`
+        (rank 0 builds it before training, so that a user's factory that fails is a one-line
+        error); None: the settings' recipe, built here."""
         self.settings, self.scheme, self.problem, self.link = settings, scheme, problem, link
         self.metrics, self.progress, self.checkpointer = metrics, progress, checkpointer
         self.n = scheme.n
-        self.w = params.astype(link.wire.compute)
         self.own, self.servers = own, servers
-        self.opt = FlatOptimizer(self.w[own], settings.optimizer, settings.lr, momentum=settings.momentum)
+        if optimizer is not None:
+            if not np.shares_memory(optimizer.w, params) or params.dtype != link.wire.compute:
+                raise PgcError("the master's optimizer must be built over its parameters, in the run's dtype")
+            self.w, self.opt = params, optimizer
+        else:
+            self.w = params.astype(link.wire.compute)
+            self.opt = FlatOptimizer(self.w[own], settings.update_recipe())
+        self._update_record: dict = {}  # the last update's lr and grad_norm, for its step record
         self.collector = make_collector(scheme, self.opt.grad, settings.max_staleness,
                                         first=resume.step if resume is not None else 0)
         # pbs with --servers K: rank 0 names every arrival, answer and decode to the followers
@@ -120,26 +135,19 @@ class Master:
         self.trajectory: list[np.ndarray] = [self.w.copy()] if settings.record_params else []
 
     def _restore(self, resume: Checkpoint) -> None:
-        """Continue from a checkpoint: its state, and this run's flags for the learning rate and
-        momentum (a resumed run is often restarted with a new schedule on purpose)."""
+        """Continue from a checkpoint: its parameters, RNG, pbs table and the optimizer's state
+        (FlatOptimizer.restore says which learning rate applies)."""
         np.copyto(self.w, resume.params)
-        self.opt.opt.load_state_dict(slice_state(resume.optimizer, self.own, len(self.w)))
-        group = self.opt.opt.param_groups[0]
-        before = {key: group[key] for key in ("lr", "momentum") if key in group}
-        group["lr"] = self.settings.lr
-        if "momentum" in group and self.settings.optimizer == "momentum":
-            group["momentum"] = self.settings.momentum
+        flat = slice_state(resume.optimizer, self.own, len(self.w)) if self.opt.flat else None
+        what = self.opt.restore(flat, resume.blobs, str(resume.path))
         torch.set_rng_state(resume.rng)
         table = resume.table_grads is not None
         if table:  # rank 0's checkpoint holds the whole table (a follower is handed its columns)
             self.collector.table.grads[...] = resume.table_grads[:, self.own]
             self.collector.table.versions[...] = resume.table_versions
         self.start = self.totals.steps = resume.step
-        changed = ", ".join(f"{k} {before[k]:g} -> {group[k]:g}" for k in before if before[k] != group[k])
-        log.info("resumed from %s at step %d: parameters, optimizer state, RNG%s from the checkpoint; "
-                 "lr %g%s from the flags%s", resume.path, resume.step, ", pbs table" if table else "",
-                 group["lr"], f", momentum {group['momentum']:g}" if self.settings.optimizer == "momentum" else "",
-                 f" ({changed})" if changed else "")
+        log.info("resumed from %s at step %d: parameters, RNG%s and %s", resume.path, resume.step,
+                 ", pbs table" if table else "", what)
 
     def run(self, control: RunControl | FollowerControl) -> RunTotals:
         """Train until the last step, the target loss or a stop signal (as `control` decides)."""
@@ -178,24 +186,41 @@ class Master:
 
     def _update(self, t: int) -> None:
         """The optimizer step; parameters that are no longer finite end the run."""
-        self.opt.step()
+        record = self.opt.step()
+        if self.servers is not None or self.follows_arrivals or self.metrics is None:
+            record.pop("grad_norm")  # this shard's only: the global norm is not reduced (--servers K)
+        self._update_record = record
         if not np.isfinite(self.w[self.own].sum()):
             raise Diverged(f"training diverged at step {t}: the parameters became NaN or Inf after the update "
                            f"(lower --lr, or check the data for NaN/Inf)")
 
-    def checkpoint(self) -> None:
-        """Write a checkpoint of the state after the steps done so far (the whole vector's, with --servers)."""
+    def checkpoint(self, name: str | None = None) -> Path:
+        """Write a checkpoint of the state after the steps done so far (the whole vector's, with
+        --servers), under the step's name or `name` (e.g. best: --keep-best); returns its path."""
         table = getattr(self.collector, "table", None)
         encoding = self.scheme.encoding_matrix() if table is None else None
         state = self.opt.opt.state_dict()
+        if not self.opt.flat:  # a user's optimizer: its whole state goes in a blob (state_blobs)
+            state = {"state": {}, "param_groups": state["param_groups"]}
         if self.servers is not None:
             if table is not None:  # pbs: the whole table, the followers' columns gathered
                 whole = self.scheme.new_table(len(self.w), table.grads.dtype)
                 whole.grads[:, self.own], whole.versions[...] = table.grads, table.versions
                 table = whole
             state = self.servers.gather(self.w, self.totals.steps, state, None if table is None else table.grads)
-        path = self.checkpointer.save(self.totals.steps, self.w, state, encoding=encoding, table=table)
+        blobs = {**self.opt.state_blobs(), **self.control.state_blobs()}
+        path = self.checkpointer.save(self.totals.steps, self.w, state, encoding=encoding, table=table, blobs=blobs,
+                                      model_state=self._model_state(), name=name)
         log.info("checkpoint %s", path)
+        self.control.checkpointed(path)
+        return path
+
+    def _model_state(self):
+        """The model's layout and buffers (batch-norm statistics as an evaluation computes them), for
+        pgc-export; None for a synthetic problem."""
+        if not hasattr(self.problem, "state_layout"):
+            return None
+        return self.problem.state_layout(), self.problem.model_state(self.w)
 
     def full_params(self) -> np.ndarray:
         """The whole parameter vector after the steps done so far (the shards gathered, with --servers)."""
@@ -423,7 +448,8 @@ class Master:
         """Release held buffers, log the step, checkpoint when due; returns True to stop."""
         for i in self.collector.held:
             self.link.post(i)
-        record = {**self.collector.record(dec, missed), **extra, "wire_error": self._wire_error(t, dec)}
+        record = {**self.collector.record(dec, missed), **extra, **self._update_record,
+                  "wire_error": self._wire_error(t, dec)}
         step_time = time.monotonic() - began
         totals = self.totals
         totals.steps = t + 1
@@ -431,10 +457,11 @@ class Master:
         totals.late += record["late"]
         totals.rejected += len(record["rejected"])
         totals.deadline_missed += int(missed)
+        record = {"step": t, "wall_time": time.monotonic() - self._started - self.control.eval_seconds,
+                  "step_time": step_time, **master_times(self._times), "bytes_received": self.link.bytes_received,
+                  **record}
         if self.metrics is not None:
-            self.metrics.write({"step": t, "wall_time": time.monotonic() - self._started - self.control.eval_seconds,
-                                "step_time": step_time, **master_times(self._times),
-                                "bytes_received": self.link.bytes_received, **record})
+            self.metrics.write(record)
         # The step's record before the checkpoint that counts it done: a kill between the two then
         # leaves a record the resume cuts (it keeps the checkpoint's steps), never a step without one.
         if self.control.checkpoint_due(t + 1):
@@ -443,4 +470,4 @@ class Master:
             self.trajectory.append(self.full_params().copy())
         if self.progress is not None:
             self.progress.update(t, record["train_loss"], step_time, totals.skipped)
-        return self.control.after_step(t, record["train_loss"])
+        return self.control.after_step(t, record["train_loss"], record)

@@ -69,6 +69,11 @@ def open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
     return out, metrics, Progress(cfg.steps, cfg.log_interval, log)
 
 
+# The summary's status of a run that a callback stopped (early stopping...): finished, not to be
+# continued by --resume auto (pgc_mpi.runs.run_folder).
+STOPPED_BY_CALLBACK = "stopped by callback"
+
+
 def close_outputs(cfg: TrainConfig, scheme, totals, control, wall: float, metrics: MetricsWriter, progress: Progress,
                    trajectory: list[np.ndarray], servers: list[dict] | None = None, *, prog: str) -> dict:
     """Rank 0's outputs at the end of every run: the summary record (with --servers, what each
@@ -93,9 +98,12 @@ def _summary(totals, control, wall: float, metrics_path: Path, workers: int) -> 
     step_times = [r["step_time"] for r in steps]
     saved = waiting_saved(steps, workers)
     lost = getattr(totals, "lost", None)
+    by_callback = getattr(control, "stopped_by_callback", False)
     status = totals.diverged or (f"stopped by {control.stopped_by}" if control.stopped_by else
-                                 f"workers lost: {lost}" if lost else "completed")
+                                 f"workers lost: {lost}" if lost else STOPPED_BY_CALLBACK if by_callback else
+                                 "completed")
     return {"event": "summary", "status": status,
+            "stopped_by": control.stopped_by or ("callback" if by_callback else None),
             "steps": totals.steps, "wall_time": wall,
             "median_step_time": float(np.median(step_times)) if step_times else None,
             "stragglers_skipped": totals.skipped, "late_messages": totals.late,

@@ -43,6 +43,7 @@ from .checks import memory_fits, one_line, problem_size, same_model, say
 from .devices import DevicePlan, cuda_aware_mpi, select_device
 from .links import FollowerLink, LeaderLink
 from .outputs import close_outputs, open_outputs, record_failure
+from .recipe import RecipeObjects, run_callbacks, start_callbacks
 from .servers import shard_bounds
 from .transport import MasterTransport, WorkerTransport, abort, duplicate_world, wait_for_all
 from .worker import WorkerSettings, run_worker
@@ -60,13 +61,12 @@ def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = Fal
     `verify`: check the data file's checksum (rank 0 does, once; every rank checks the content).
     `plan`: the device to compute on (None: the CPU). `parts`: a function (cfg, verify) ->
     pgc_mpi.learning.parts.ProblemParts of the objects pgc_mpi.fit was given (None: --model, --dataset and
-    --loss name them). A synthetic --problem is built
-    whole on every rank, without torch."""
+    --loss name them). A synthetic --problem is built whole on every rank, without torch."""
     from ..learning.problems import PROBLEMS, with_sampling
 
     if cfg.synthetic:
         problem = PROBLEMS[cfg.problem](n, samples=cfg.samples, dim=cfg.dim, batch_size=cfg.batch_size, seed=cfg.seed)
-        return with_sampling(problem, cfg.fixed_minibatch)
+        return with_sampling(problem, cfg.fixed_minibatch, cfg.accumulate)
     import torch
 
     from ..learning.models import problem_of
@@ -77,13 +77,14 @@ def _problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool = Fal
              parts(cfg, verify))
     try:
         problem = problem_of(parts, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype, partitions=partitions,
-                             eval_train=cfg.eval_train, device=None if plan is None else plan.torch_device())
+                             eval_train=cfg.eval_train, device=None if plan is None else plan.torch_device(),
+                             autocast=cfg.autocast)
     except torch.cuda.OutOfMemoryError as exc:
         flag = "--master-device" if plan.role == "master" else "--device"
         raise ConfigError(f"the {cfg.model} model and its data do not fit on {plan.name} "
                           f"({one_line(exc)}): use a smaller model or --batch-size, fewer ranks per GPU, or "
                           f"{flag} cpu") from None
-    return with_sampling(problem, cfg.fixed_minibatch)
+    return with_sampling(problem, cfg.fixed_minibatch, cfg.accumulate)
 
 
 def _configure(make_config: Callable[[], TrainConfig], ranks: int, prog: str) -> TrainConfig:
@@ -106,11 +107,16 @@ def _configure(make_config: Callable[[], TrainConfig], ranks: int, prog: str) ->
         raise
 
 
-def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan, parts) -> tuple:
-    """On rank 0: the master's problem (its data file checked, on its device; the user's model,
-    loss and data checked on their first samples) and the checkpoint to resume from."""
+def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan, parts, recipe: RecipeObjects) -> tuple:
+    """On rank 0: the master's problem (its data file checked, on its device; the user's model, loss
+    and data checked on their first samples), the checkpoint to resume from, and the update over
+    rank 0's initial parameters (here, so that a bad optimizer or scheduler factory is a one-line error)."""
+    from ..learning.optim import make_update
+
     problem = _problem(cfg, workers, partitions=[], verify=cfg.verify_data, plan=plan, parts=parts)
-    shard_bounds(problem.dim, cfg.servers)  # every server must hold a parameter
+    own = shard_bounds(problem.dim, cfg.servers)[0]  # every server must hold a parameter
+    params = problem.initial_params().astype(wire_format(cfg.wire_dtype, cfg.dtype).compute)
+    update = make_update(cfg, params[own], problem, recipe)
     resume = None
     if cfg.resume:
         from ..runs import checkpoint
@@ -124,7 +130,7 @@ def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan, parts) -> tuple:
                               f"{cfg.steps}: raise --steps to train further")
         # checkpoints of later steps belong to the abandoned continuation: they must not mix with this one's
         run_folder.drop_checkpoints_after(Path(cfg.out) / "checkpoints", resume.step)
-    return problem, resume
+    return problem, resume, (params, update)
 
 
 def _outcome(action, prog: str = "pgc-train") -> tuple[int | None, object]:
@@ -171,21 +177,21 @@ class JobOutcome:
 
 
 def run_job(make_config: Callable[[], TrainConfig], argv: list[str], parts=None, outcome: JobOutcome | None = None,
-            prog: str = "pgc-train") -> int:
+            prog: str = "pgc-train", recipe: RecipeObjects | None = None) -> int:
     """Run one training job on every rank of MPI's world (pgc-train, and pgc_mpi.fit): rank 0 builds
     and checks the configuration with `make_config`, and `parts` (a function (cfg, verify) ->
-    pgc_mpi.learning.parts.ProblemParts, or None: the configuration names them) are the model, loss and
-    data. Returns the exit status;
-    `outcome` receives rank 0's summary and final parameters. `argv`: the command line recorded in
-    config.json's provenance; `prog`: the name in error messages."""
+    pgc_mpi.learning.parts.ProblemParts) and `recipe` (RecipeObjects) are the model, loss, data,
+    optimizer, scheduler and callbacks pgc_mpi.fit was given (None: the configuration names them).
+    Returns the exit status; `outcome` receives rank 0's summary and final parameters. `argv`: the
+    command line recorded in config.json's provenance; `prog`: the name in error messages."""
     try:
-        return _run_job(make_config, argv, parts, outcome, prog)
+        return _run_job(make_config, argv, parts, outcome, prog, recipe or RecipeObjects())
     finally:
         run_lock.release_all()  # rank 0's lock on the output folder (taken in _configure)
 
 
 def _run_job(make_config: Callable[[], TrainConfig], argv: list[str], parts, outcome: JobOutcome | None,
-             prog: str) -> int:
+             prog: str, recipe: RecipeObjects) -> int:
     signals.install()
     comm = duplicate_world()
     # every rank is past MPI_Init (the Dup is a collective): MPICH's start-up segment can go now,
@@ -212,7 +218,7 @@ def _run_job(make_config: Callable[[], TrainConfig], argv: list[str], parts, out
     failed = [s for s in comm.allgather(status) if s is not None]
     if failed:
         return int(failed[0])
-    status, state = (_outcome(lambda: _prepare(cfg, cfg.workers_of(size), plan, parts), prog) if rank == 0
+    status, state = (_outcome(lambda: _prepare(cfg, cfg.workers_of(size), plan, parts, recipe), prog) if rank == 0
                      else (None, None))
     wait_for_all(comm)
     status = comm.bcast(status, root=0)
@@ -221,7 +227,7 @@ def _run_job(make_config: Callable[[], TrainConfig], argv: list[str], parts, out
     hosts = comm.gather(socket.gethostname(), root=0)
     try:
         start = {**provenance.start_record(argv, hosts), "mpi_cuda_aware": cuda_aware_mpi()} if rank == 0 else {}
-        return _train(cfg, state, comm, log, start, plan, parts, outcome or JobOutcome(), prog)
+        return _train(cfg, state, comm, log, start, plan, parts, outcome or JobOutcome(), prog, recipe)
     except (PgcError, OSError) as exc:  # e.g. a full disk: one line naming the path is the message
         log.error("%s", exc)
         record_failure(cfg, rank, str(exc))
@@ -244,10 +250,10 @@ def _select_device(cfg: TrainConfig, comm, log) -> DevicePlan:
 
 
 def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, parts, outcome: JobOutcome,
-           prog: str) -> int:
+           prog: str, recipe: RecipeObjects) -> int:
     wait_for_all(comm)  # rank 0 has been writing its start record (it imports torch and h5py)
     if cfg.scheme in PEER_SCHEMES:
-        return _train_peers(cfg, state, comm, log, start, plan, parts, outcome, prog)
+        return _train_peers(cfg, state, comm, log, start, plan, parts, outcome, prog, recipe)
     rank, servers = comm.Get_rank(), cfg.servers
     n = cfg.workers_of(comm.Get_size())
     scheme = cfg.make_scheme(n)
@@ -257,7 +263,7 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
             raise PgcError("ranks built different encoding matrices (different numpy versions?)")
     if not _memory_ok(cfg, comm, scheme, state, prog):
         return 2
-    problem, resume = (state if rank == 0 else (None, None) if rank < servers else
+    problem, resume = (state[:2] if rank == 0 else (None, None) if rank < servers else
                        (_problem(cfg, n, scheme.placement[rank - servers], plan=plan, parts=parts), None))
     if not same_model(comm, problem, prog):
         return 2
@@ -275,7 +281,7 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
         return 0
     if rank > 0:
         return _run_follower(cfg, comm, log, scheme, header, wire)
-    return _run_master(cfg, comm, log, scheme, problem, header, wire, resume, start, outcome, prog)
+    return _run_master(cfg, comm, log, scheme, problem, header, wire, resume, start, outcome, prog, state[2], recipe)
 
 
 def _memory_ok(cfg: TrainConfig, comm, scheme, state, prog: str) -> bool:
@@ -300,13 +306,15 @@ def _log_rank_end(log, what: str) -> None:
 
 
 def _master_settings(cfg: TrainConfig, scheme, leads: bool):
-    """The step loop's settings; `leads`: rank 0's (the other servers keep no trajectory)."""
+    """The step loop's settings; `leads`: rank 0's (the other servers keep no trajectory). The recipe
+    is the followers' (rank 0's update is built in _prepare): no schedule, rank 0 commits each lr."""
+    from ..learning.optim import Recipe
     from .master import MasterSettings
 
-    return MasterSettings(steps=cfg.steps, optimizer=cfg.optimizer, lr=cfg.lr, momentum=cfg.momentum,
-                          deadline=cfg.deadline, on_deadline=cfg.on_deadline,
+    return MasterSettings(steps=cfg.steps, deadline=cfg.deadline, on_deadline=cfg.on_deadline,
                           max_staleness=cfg.staleness_bound(scheme), record_params=cfg.record_params and leads,
-                          probe_every=cfg.eval_every, adapt=cfg.adapt, lost_after=cfg.lost_after if leads else None)
+                          probe_every=cfg.eval_every, adapt=cfg.adapt, lost_after=cfg.lost_after if leads else None,
+                          recipe=Recipe.of(cfg, lr_schedule="constant", warmup_steps=0))
 
 
 def _run_follower(cfg: TrainConfig, comm, log, scheme, header, wire: WireFormat) -> int:
@@ -336,7 +344,7 @@ def _run_follower(cfg: TrainConfig, comm, log, scheme, header, wire: WireFormat)
 
 
 def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: WireFormat, resume,
-                start: dict, outcome: JobOutcome, prog: str) -> int:
+                start: dict, outcome: JobOutcome, prog: str, initial: tuple, recipe: RecipeObjects) -> int:
     from ..runs.checkpoint import Checkpointer
     from .master import Master
     from .servers import Leader, server_report
@@ -344,7 +352,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: Wire
     out, metrics, progress = open_outputs(cfg, comm, log, scheme, problem, start, resume)
     shards = shard_bounds(problem.dim, cfg.servers)
     leader = Leader(LeaderLink(comm, cfg.servers, cfg.poll_interval), shards) if cfg.servers > 1 else None
-    params = problem.initial_params()
+    params, update = initial  # the initial parameters in the run's dtype, and the update over rank 0's shard
     if leader is not None:
         leader.start(params, resume)
     own = shards[0]
@@ -352,9 +360,12 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: Wire
                            wire, first_worker=cfg.servers)
     checkpointer = Checkpointer(out / "checkpoints", _identity(cfg, scheme, problem.dim), cfg.to_dict(),
                                 keep=cfg.keep_checkpoints)
+    control = _control(cfg, out, lambda: problem.evaluate(master.full_params()), metrics, leader,
+                       callbacks=run_callbacks(cfg, recipe))
     master = Master(_master_settings(cfg, scheme, leads=True), scheme, params, link, metrics, progress, checkpointer,
-                    resume, problem=problem, own=own, servers=leader)
-    control = _control(cfg, out, lambda: problem.evaluate(master.full_params()), metrics, leader)
+                    resume, problem=problem, own=own, servers=leader, optimizer=update)
+    master.control = control
+    start_callbacks(control, master, out, resume)
     began = time.monotonic()
     totals = master.run(control)
     servers = None
@@ -366,6 +377,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: Wire
     # past their step loop by now (it would wait for them forever). The run's last step was
     # evaluated, and the evaluation gathered the whole vector into master.w then.
     outcome.params, outcome.problem, outcome.out = master.w.copy(), problem, cfg.out
+    control.end(outcome.summary)
     if control.stopped_by:
         # No stop handshake: the abort ends the workers anyway, and a signal often means that
         # part of the job is gone (Slurm cancels a step on a node failure with SIGTERM), where
@@ -395,7 +407,7 @@ def _stop_job(log, signal_name: str) -> NoReturn:
 
 
 def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, parts, outcome: JobOutcome,
-                 prog: str) -> int:
+                 prog: str, recipe: RecipeObjects) -> int:
     """--scheme ddp (pgc_mpi.runtime.ddp): the workers train as a torch.distributed group; rank 0, outside
     it, evaluates and writes the same outputs as the master does."""
     from . import ddp
@@ -410,16 +422,18 @@ def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePl
     start = _gather_ranks(comm, log, start, plan)
     peers = ddp.connect(comm, problem)
     if rank > 0:
-        ddp.run_worker(cfg, peers, scheme, problem, DelayModel(cfg.delay, n, seed=cfg.seed))
+        ddp.run_worker(cfg, peers, scheme, problem, DelayModel(cfg.delay, n, seed=cfg.seed), recipe)
         _log_rank_end(log, "ddp worker done")
         return 0
     out, metrics, progress = open_outputs(cfg, comm, log, scheme, problem, start)
     monitor = ddp.Monitor(cfg, peers, scheme, problem, metrics, progress)
-    control = _control(cfg, out, monitor.evaluate, metrics)
+    control = _control(cfg, out, monitor.evaluate, metrics, callbacks=run_callbacks(cfg, recipe))
+    start_callbacks(control, None, out, None)
     totals = monitor.run(control)
     outcome.summary = close_outputs(cfg, scheme, totals, control, time.monotonic() - monitor.began, metrics,
                                      progress, monitor.trajectory, prog=prog)
     outcome.params, outcome.problem, outcome.out = monitor.params.copy(), problem, cfg.out
+    control.end(outcome.summary)
     if control.stopped_by:  # the workers are still in their loop: the abort ends them (status 3: requeue)
         metrics.close()
         _stop_job(log, control.stopped_by)
@@ -428,13 +442,13 @@ def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePl
     return EXIT_DIVERGED if totals.diverged else 0
 
 
-def _control(cfg: TrainConfig, out: Path, evaluate, metrics: MetricsWriter, servers=None):
+def _control(cfg: TrainConfig, out: Path, evaluate, metrics: MetricsWriter, servers=None, callbacks=None):
     """The run's RunControl: evaluations, the target loss, checkpoints and stop signals (and the
-    other servers' orders, with --servers: pgc_mpi.runtime.servers.Leader)."""
+    other servers' orders, with --servers: pgc_mpi.runtime.servers.Leader; the callbacks)."""
     from .control import ControlSettings, RunControl
 
     return RunControl(ControlSettings(cfg.steps, cfg.eval_every, cfg.target_loss, cfg.checkpoint_every, lr=cfg.lr), out,
-                      evaluate=evaluate, write=metrics.write, servers=servers)
+                      evaluate=evaluate, write=metrics.write, servers=servers, callbacks=callbacks)
 
 
 def cli() -> None:

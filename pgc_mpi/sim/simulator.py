@@ -34,7 +34,7 @@ from ..core.schemes import CodedScheme, PbsScheme
 from ..core.stragglers import DelayModel
 from ..core.wire import wire_format
 from ..learning.diagnostics import TableDiagnostics
-from ..learning.optim import FlatOptimizer
+from ..learning.optim import FlatOptimizer, Recipe
 from ..learning.problems import Problem, with_sampling
 from ..runs.metrics import master_times
 from .master_cost import load as load_master_cost
@@ -239,9 +239,9 @@ def simulate(cfg: SimConfig, problem: Problem | None = None, record_params: bool
 
         problem = torch_problem(workers=cfg.workers, seed=cfg.seed, **yours)
     scheme = cfg.make_scheme(cfg.workers)
-    problem = with_sampling(problem, cfg.fixed_minibatch)
+    problem = with_sampling(problem, cfg.fixed_minibatch, cfg.accumulate)
     w = problem.initial_params().astype(np.float64)
-    opt = FlatOptimizer(w, cfg.optimizer, cfg.lr, momentum=cfg.momentum)
+    opt = FlatOptimizer(w, Recipe.of(cfg))
     builder = MessageBuilder(scheme, problem)
     builder.add_model(0, w)
     collector = make_collector(scheme, opt.grad, cfg.staleness_bound(scheme))
@@ -275,7 +275,7 @@ def simulate(cfg: SimConfig, problem: Problem | None = None, record_params: bool
                   "bytes_received": received * nbytes, **collector.record(dec, missed), **extra,
                   "wire_error": workers.wire.decode_error(dec.weights)}
         result.records.append(record)
-        opt.step()
+        record.update(opt.step())  # the recipe's lr and grad_norm, as the MPI master records them
         builder.add_model(t + 1, w)
         builder.forget_before(workers.oldest_version())
         evaluated = (t + 1) % cfg.eval_every == 0 or t == cfg.steps - 1

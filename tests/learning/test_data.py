@@ -17,10 +17,11 @@ import pytest
 import torch
 
 from data_prep.__main__ import main as prep
+from pgc_mpi.choices import MODELS
 from pgc_mpi.errors import ConfigError
 from pgc_mpi.learning.datasets import H5Source, digits_arrays, load_digits, open_dataset
 from pgc_mpi.learning.h5format import DataFormatError, verify_checksum
-from pgc_mpi.learning.models import MODELS, TorchProblem, build_model
+from pgc_mpi.learning.models import TorchProblem, build_model
 
 from helpers import require_fashion_mnist
 
