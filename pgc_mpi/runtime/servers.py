@@ -295,7 +295,7 @@ class FollowerControl:
         """Never (see checkpoint_due)."""
         return False
 
-    def after_step(self, step: int, train_loss: float) -> bool:
+    def after_step(self, step: int, train_loss: float, record: dict | None = None) -> bool:
         """Step `step` is applied here: answer the gathers waiting for it; True once rank 0 ended the run."""
         self.applied = step + 1
         return self.stop_signal(step + 1)

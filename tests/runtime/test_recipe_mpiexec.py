@@ -120,6 +120,22 @@ def test_the_cli_step_schedule_is_in_every_step_record(tmp_path):
     assert _lrs(out) == pytest.approx([0.1, 0.2, 0.2, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05])
 
 
+def test_sharded_servers_follow_rank_0s_schedule(tmp_path):
+    """--servers 2: the followers step their shards with the learning rate rank 0 commits each
+    step (they have no schedule of their own): the same trajectory as one server."""
+    common = ["--scheme", "dgd", "--steps", "16", "--lr", "0.3", "--optimizer", "nesterov", "--lr-schedule",
+              "cosine", "--warmup-steps", "4", "--dtype", "float64", "--record-params"]
+    runs = []
+    for servers in (1, 2):
+        out = tmp_path / f"servers{servers}"
+        proc = run_train(3 + servers, [*common, "--servers", str(servers), "--out", str(out)])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(out)
+    np.testing.assert_allclose(np.load(runs[1] / "params.npy"), np.load(runs[0] / "params.npy"), atol=1e-12)
+    assert _lrs(runs[1]) == pytest.approx(_lrs(runs[0]))
+    assert "grad_norm" in steps_of(runs[0])[0] and "grad_norm" not in steps_of(runs[1])[0]
+
+
 def test_a_scheduled_clipped_run_resumes_to_the_same_parameters(tmp_path):
     """Stopped by a signal and resumed (on the same n, then on another n): the optimizer's and the
     schedule's state come back exactly, so dgd ends where an uninterrupted run ends."""
