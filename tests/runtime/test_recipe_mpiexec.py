@@ -5,6 +5,7 @@ that stop a run, and the checks of bad recipes."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 
@@ -137,11 +138,12 @@ def test_sharded_servers_follow_rank_0s_schedule(tmp_path):
 
 
 def test_a_scheduled_clipped_run_resumes_to_the_same_parameters(tmp_path):
-    """Stopped by a signal and resumed (on the same n, then on another n): the optimizer's and the
-    schedule's state come back exactly, so dgd ends where an uninterrupted run ends."""
-    common = ["--scheme", "dgd", "--steps", "60", "--lr", "0.3", "--optimizer", "nesterov", "--weight-decay",
+    """Stopped by a signal and resumed (on the same n, and a copy of it on another n): the
+    optimizer's and the schedule's state come back exactly, so dgd ends where an uninterrupted run
+    ends, and the elastic resume follows the same schedule."""
+    common = ["--scheme", "dgd", "--steps", "40", "--lr", "0.3", "--optimizer", "nesterov", "--weight-decay",
               "1e-3", "--lr-schedule", "cosine", "--warmup-steps", "6", "--min-lr", "0.01", "--clip-grad-norm",
-              "0.5", "--dtype", "float64", "--checkpoint-every", "10", "--compute-time", "0.02"]
+              "0.5", "--dtype", "float64", "--checkpoint-every", "5", "--compute-time", "0.02"]
     whole = tmp_path / "whole"
     assert run_train(4, [*common, "--out", str(whole)]).returncode == 0
     cut = tmp_path / "cut"
@@ -149,24 +151,20 @@ def test_a_scheduled_clipped_run_resumes_to_the_same_parameters(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 3, stderr[-3000:]
-    stopped = events_of(cut, "summary")[-1]["steps"]
-    assert stopped < 60
+    assert events_of(cut, "summary")[-1]["steps"] < 40
+    elastic = tmp_path / "elastic"
+    shutil.copytree(cut, elastic)
     proc = run_train(4, [*common, "--resume", "auto", "--out", str(cut)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "optimizer and schedule state" in proc.stderr
     assert _lrs(cut) == pytest.approx(_lrs(whole), rel=1e-12)
 
     def final(out: Path) -> np.ndarray:
-        with h5py.File(out / "checkpoints" / "ckpt-00000060.h5") as f:
+        with h5py.File(out / "checkpoints" / "ckpt-00000040.h5") as f:
             return f["params"][...]
 
     np.testing.assert_allclose(final(cut), final(whole), rtol=0, atol=1e-12)
-    # an elastic resume (3 workers instead of the 4 it started with) continues the same schedule
-    elastic = tmp_path / "elastic"
-    proc = start_train(5, common, elastic)
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=120)
-    proc = run_train(4, [*common, "--resume", "auto", "--out", str(elastic)])
+    proc = run_train(5, [*common, "--resume", "auto", "--out", str(elastic)])  # 4 workers instead of 3
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _lrs(elastic) == pytest.approx(_lrs(whole), rel=1e-12)
 
@@ -234,21 +232,6 @@ def test_early_stopping_keep_best_and_export_from_the_command_line(tmp_path):
     model.load_state_dict(torch.load(model_pt))
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--clip-grad-norm", "0"], "--clip-grad-norm must be a number > 0"),
-    (["--accumulate", "0"], "--accumulate must be a positive integer"),
-    (["--autocast", "fp16"], "--autocast fp16 needs --device cuda"),
-    (["--lr-schedule", "step"], "--lr-schedule step needs --lr-milestones"),
-    (["--optimizer", "rmsprop"], "--optimizer 'rmsprop' is not one of"),
-    (["--early-stop", "test_accuracy"], "--early-stop"),
-])
-def test_bad_recipes_are_one_line_before_training(tmp_path, flags, message):
-    proc = run_train(3, [*flags, "--steps", "5", "--out", str(tmp_path / "run")])
-    assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
-
-
 FACTORY_FILE = '''
 import torch
 
@@ -264,9 +247,10 @@ def other_optimizer(opt):
 
 @pytest.mark.parametrize("flags,message", [
     (["--optimizer", "{f}:not_an_optimizer"], "returned str, not a torch.optim.Optimizer"),
-    (["--scheduler", "{f}:other_optimizer"], "built its scheduler on another optimizer"),
 ])
 def test_bad_factories_are_one_line_before_training(tmp_path, flags, message):
+    """rank 0 builds the update before training: a factory's mistake is pgc-train's one line, exit
+    status 2 on every rank (the other checks of factories: tests/learning/test_optim.py)."""
     factories = tmp_path / "factories.py"
     factories.write_text(FACTORY_FILE)
     flags = [flag.format(f=factories) for flag in flags]
