@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,16 +202,8 @@ def load(path: Path, identity: dict[str, Any], encoding: np.ndarray | None = Non
     partitions are re-split n ways, and pbs's table, whose rows are the old partitions, is not
     restored (it fills again as at a start); parameters, optimizer state, step and RNG carry over.
     The Checkpoint says so (`workers_before`)."""
-    import h5py
-
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise CheckpointError(f"{path}: not a readable checkpoint ({exc})") from None
-    with f:
+    with _opened(path) as f:
         try:
-            if int(f.attrs["format"]) != FORMAT:
-                raise CheckpointError(f"{path}: checkpoint format {f.attrs['format']} is not {FORMAT}")
             theirs_n = f.attrs["n"].item() if "n" in f.attrs and hasattr(f.attrs["n"], "item") else f.attrs.get("n")
             elastic = "n" in identity and theirs_n is not None and theirs_n != identity["n"]
             if elastic:
@@ -315,19 +309,11 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     `module.load_state_dict` of a module of the model's class accepts (pgc-export writes it).
     CheckpointError (one line) for an unreadable or damaged file, and for a checkpoint that holds
     no model layout (a synthetic --problem run, or a file written before layouts were stored)."""
-    import h5py
-
     from ..learning.state import assemble_state_dict
 
     path = Path(path)
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise CheckpointError(f"{path}: not a readable checkpoint ({str(exc).splitlines()[0]})") from None
-    with f:
+    with _opened(path) as f:
         try:
-            if int(f.attrs["format"]) != FORMAT:
-                raise CheckpointError(f"{path}: checkpoint format {f.attrs['format']} is not {FORMAT}")
             if "state_layout" not in f.attrs:
                 raise CheckpointError(f"{path}: the checkpoint holds no model layout (a synthetic --problem run, "
                                       f"or a checkpoint written before layouts were stored): no state_dict to "
@@ -342,6 +328,23 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         return assemble_state_dict(layout, params, buffers)
     except ValueError as exc:
         raise CheckpointError(f"{path}: its model state does not fit together ({exc}); use another one") from None
+
+
+@contextmanager
+def _opened(path: Path) -> Iterator[Any]:
+    """The checkpoint file open for reading, its format checked (CheckpointError: one line)."""
+    import h5py
+
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({str(exc).splitlines()[0]})") from None
+    with f:
+        found = f.attrs.get("format")
+        if found is None or int(found) != FORMAT:
+            raise CheckpointError(f"{path}: checkpoint format {found} is not {FORMAT}; the file is damaged or of "
+                                  f"another version")
+        yield f
 
 
 def _array(f, name: str, path: Path, shape: tuple | None, dtype: str | None) -> np.ndarray:
@@ -361,15 +364,16 @@ def _array(f, name: str, path: Path, shape: tuple | None, dtype: str | None) -> 
 
 
 def _param_groups(text: Any, path: Path) -> list[dict[str, Any]]:
-    """The optimizer's hyper-parameters: one group whose numbers are finite and in range."""
+    """The optimizer's hyper-parameters: one group (a built-in's) or several (a user's optimizer's
+    param groups), each with numbers that are finite and in range."""
     try:
         groups = json.loads(text)
     except (TypeError, ValueError):
         groups = None
-    ok = isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict)
-    if ok:
-        lr, momentum = groups[0].get("lr"), groups[0].get("momentum", 0.0)
-        ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (lr, momentum)) and lr > 0 and \
+    ok = isinstance(groups, list) and len(groups) >= 1 and all(isinstance(g, dict) for g in groups)
+    for group in groups if ok else []:
+        lr, momentum = group.get("lr"), group.get("momentum", 0.0)
+        ok = ok and all(isinstance(v, (int, float)) and math.isfinite(v) for v in (lr, momentum)) and lr > 0 and \
             0 <= momentum < 1
     if not ok:
         raise CheckpointError(f"{path}: its optimizer settings (param_groups) are damaged or out of range; "

@@ -273,12 +273,16 @@ def test_accumulation_and_bf16_keep_decoding_exact(tmp_path):
     assert config["accumulate"] == 3 and config["autocast"] == "bf16"
 
 
-def test_the_recipe_example_runs(tmp_path):
+def test_the_recipe_example_runs_and_resumes(tmp_path):
+    """examples/recipe.py: a user's optimizer with two param groups, a user's schedule, callbacks;
+    resumed with more steps, their state comes back from the checkpoint (the CSV log goes on)."""
     out = tmp_path / "run"
-    root = Path(__file__).resolve().parents[2]
-    proc = run_mpi(5, [str(root / "examples" / "recipe.py"), "--steps", "30", "--eval-every", "10",
-                       "--out", str(out)])
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "recipe.py")
+    proc = run_mpi(5, [example, "--steps", "30", "--eval-every", "10", "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = events_of(out, "summary")[-1]
-    assert summary["steps"] <= 30 and (out / "evals.csv").exists()
-    assert "test accuracy" in proc.stdout
+    assert "test accuracy" in proc.stdout and (out / "model.pt").exists() and (out / "checkpoints" / "best.h5").exists()
+    proc = run_mpi(5, [example, "--steps", "40", "--eval-every", "10", "--out", str(out), "--resume", "auto"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "optimizer and schedule state from the checkpoint" in proc.stderr
+    assert [r["step"] for r in steps_of(out)] == list(range(40))
+    assert [line.split(",")[0] for line in (out / "evals.csv").read_text().splitlines()[1:]] == ["9", "19", "29", "39"]
