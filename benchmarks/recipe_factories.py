@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-LR = 0.05
+LR = 0.1
 MOMENTUM = 0.9
 WEIGHT_DECAY = 5e-4
 

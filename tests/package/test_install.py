@@ -30,11 +30,12 @@ def test_optional_parts_are_extras():
     assert not core & {"mpich", "matplotlib", "pytest"}
     assert _names(extras["mpich"]) == {"mpich"}
     assert _names(extras["plot"]) == {"matplotlib"}
+    assert _names(extras["tensorboard"]) == {"tensorboard"}
     assert "pytest" in _names(extras["test"])
 
 
 def test_ci_installs_every_extra_the_tests_need():
-    assert "-e '.[test,mpich,plot]'" in (ROOT / ".ci" / "run").read_text()
+    assert "-e '.[test,mpich,plot,tensorboard]'" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_mpi_library_found_here():

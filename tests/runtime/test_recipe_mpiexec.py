@@ -4,6 +4,7 @@ that stop a run, and the checks of bad recipes."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import signal
@@ -210,17 +211,19 @@ def test_a_callback_stops_a_run_with_a_checkpoint_and_resume_auto_leaves_it_fini
 
 
 def test_early_stopping_keep_best_and_export_from_the_command_line(tmp_path):
+    tensorboard = importlib.util.find_spec("tensorboard") is not None  # the [tensorboard] extra (CI has it)
     out = tmp_path / "run"
     csv = tmp_path / "evals.csv"
     # train_accuracy rises while training: in "min" mode it never improves, so patience 2 stops it
     proc = run_train(5, ["--scheme", "pgc-fr", "--steps", "200", "--lr", "0.2", "--eval-every", "5",
                          "--early-stop", "train_accuracy:2:min", "--keep-best", "test_accuracy", "--csv-log", str(csv),
-                         "--out", str(out)])
+                         *(["--tensorboard", str(tmp_path / "tb")] if tensorboard else []), "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = events_of(out, "summary")[-1]
     assert summary["stopped_by"] == "callback" and summary["steps"] == 15
     assert (out / "checkpoints" / "best.h5").exists()
     assert len(csv.read_text().splitlines()) == 1 + 3  # the header and the three evaluations
+    assert not tensorboard or list((tmp_path / "tb").glob("events.out.tfevents.*"))
     model_pt = tmp_path / "model.pt"
     export = run_mpi(1, ["-m", "pgc_mpi.commands.export", str(out), "--checkpoint", "best", "--out", str(model_pt)])
     assert export.returncode == 0, export.stderr
