@@ -78,7 +78,7 @@ def run_one(a: argparse.Namespace, scheme: str, s: int, seed: int, steps: int, o
     return took
 
 
-def summarize(run_dir: Path, target: float) -> dict[str, Any]:
+def summarize(run_dir: Path, target: float, clip: float) -> dict[str, Any]:
     """One run's figures: steps and training time to the target, median step, final accuracy, the
     real compute per gradient (median and 99th percentile over every message), the test-accuracy
     curve."""
@@ -102,16 +102,17 @@ def summarize(run_dir: Path, target: float) -> dict[str, Any]:
         "messages": len(real),
         "max_staleness": max((r.get("max_staleness", 0) for r in steps), default=0),
         "curve": [(e["step"] + 1, e["test_accuracy"]) for e in evals],
+        "clipped": float(np.mean([r["grad_norm"] > clip for r in steps])),
         "wall": steps[-1]["wall_time"],
     }
 
 
-def plain_loop(a: argparse.Namespace, seed: int, steps: int) -> list[tuple[int, float]]:
+def plain_loop(a: argparse.Namespace, seed: int, steps: int) -> tuple[list[tuple[int, float]], float]:
     """The same recipe in one process: the cnn seeded as pgc-train seeds it, the optimizer factory,
     the built-in warm-up + cosine schedule (pgc_mpi's own schedule_factor under LambdaLR, as the
     master applies it), torch's clip_grad_norm_, minibatches of workers x batch-size from the
     whole training set (a fresh permutation every pass). Returns (steps, test accuracy) at every
-    evaluation."""
+    evaluation, and the fraction of steps whose gradient norm exceeded the clip."""
     import torch
 
     from pgc_mpi import build_model
@@ -133,7 +134,7 @@ def plain_loop(a: argparse.Namespace, seed: int, steps: int) -> list[tuple[int, 
     batch = a.workers * a.batch_size
     rng = np.random.default_rng([seed, 0x91A1])
     order = np.empty(0, dtype=np.int64)
-    curve = []
+    curve, norms = [], []
     for t in range(steps):
         while len(order) < batch:
             order = np.concatenate([order, rng.permutation(len(y))])
@@ -141,7 +142,7 @@ def plain_loop(a: argparse.Namespace, seed: int, steps: int) -> list[tuple[int, 
         model.train()
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip_grad_norm)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip_grad_norm)))
         opt.step()
         sched.step()
         if (t + 1) % a.eval_every == 0 or t + 1 == steps:
@@ -150,7 +151,7 @@ def plain_loop(a: argparse.Namespace, seed: int, steps: int) -> list[tuple[int, 
                 correct = sum(int((model(xt[i:i + 2000]).argmax(1) == yt[i:i + 2000]).sum())
                               for i in range(0, len(yt), 2000))
             curve.append((t + 1, correct / len(yt)))
-    return curve
+    return curve, float(np.mean(np.array(norms) > a.clip_grad_norm))
 
 
 def first_at(curve: list[tuple[int, float]], target: float) -> float:
@@ -161,7 +162,7 @@ def probe(a: argparse.Namespace) -> None:
     """One short dgd run: the real compute per gradient against --compute-time."""
     out = Path(a.out) / "probe"
     took = run_one(a, "dgd", 1, 0, a.probe, out)
-    r = summarize(out, a.target)
+    r = summarize(out, a.target, a.clip_grad_norm)
     print(f"probe: dgd, {a.workers} workers, {a.probe} steps, batch {a.batch_size}, --compute-time {a.compute_time}: "
           f"real compute per gradient median {1e3 * r['real_compute_median']:.1f} ms, 99th percentile "
           f"{1e3 * r['real_compute_p99']:.1f} ms over {r['messages']} messages; median step "
@@ -172,8 +173,12 @@ def ci(values: list[float], digits: int = 3) -> str:
     """mean [95% interval] over the finite values, with how many there were if some were not."""
     iv = interval(values)
     finite = sum(math.isfinite(v) for v in values)
-    text = str(iv) if digits == 3 else ("-" if math.isnan(iv.mean) else
-                                         f"{iv.mean:.{digits}f} [{iv.low:.{digits}f}, {iv.high:.{digits}f}]")
+    if digits == 3 or math.isnan(iv.mean):
+        text = str(iv)
+    elif math.isnan(iv.low):
+        text = f"{iv.mean:.{digits}f}"
+    else:
+        text = f"{iv.mean:.{digits}f} [{iv.low:.{digits}f}, {iv.high:.{digits}f}]"
     return text + (f" ({finite}/{len(values)})" if finite < len(values) else "")
 
 
@@ -205,13 +210,14 @@ def main() -> None:
     if a.probe:
         probe(a)
         return
-    plain: dict[int, list[tuple[int, float]]] = {}
+    plain: dict[int, tuple[list[tuple[int, float]], float]] = {}
     if a.plain_only:
         for seed in a.seeds:
             began = time.monotonic()
             plain[seed] = plain_loop(a, seed, a.steps)
-            print(f"plain seed {seed} ({time.monotonic() - began:.0f} s): " +
-                  " ".join(f"{k}:{acc:.4f}" for k, acc in plain[seed]), flush=True)
+            curve, clipped = plain[seed]
+            print(f"plain seed {seed} ({time.monotonic() - began:.0f} s, {clipped:.0%} of steps clipped): " +
+                  " ".join(f"{k}:{acc:.4f}" for k, acc in curve), flush=True)
         return
     schemes = [parse_scheme(text) for text in a.schemes]
     results: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
@@ -224,7 +230,7 @@ def main() -> None:
                 took = run_one(a, scheme, s, seed, a.steps, out)
                 print(f"{label(scheme, s)} seed {seed}: {took:.0f} s (total {time.monotonic() - began:.0f} s)",
                       flush=True)
-            results.setdefault((scheme, s), {})[seed] = summarize(out, a.target)
+            results.setdefault((scheme, s), {})[seed] = summarize(out, a.target, a.clip_grad_norm)
     if not a.no_plain:
         for seed in a.seeds:
             plain[seed] = plain_loop(a, seed, a.steps)
@@ -239,8 +245,8 @@ def report(a: argparse.Namespace, schemes: list[tuple[str, int]], results: dict,
           f"--compute-time {a.compute_time}, --delay {a.delay}, evaluations every {a.eval_every} steps; "
           f"target test accuracy {a.target}; seeds {seeds}; mean [95% interval]; ratios to dgd paired by seed\n")
     print("| scheme | reached | time to target (s) | steps to target | median step (s) | time vs dgd | steps vs dgd "
-          "| step vs dgd | final test acc | real compute per gradient, median / p99 (ms) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| step vs dgd | final test acc | steps clipped | real compute per gradient, median / p99 (ms) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for scheme, s in schemes:
         runs = results[(scheme, s)]
 
@@ -252,21 +258,24 @@ def report(a: argparse.Namespace, schemes: list[tuple[str, int]], results: dict,
               f"| {ci([runs[k]['steps_to_target'] for k in seeds])} | {ci([runs[k]['median_step'] for k in seeds])} "
               f"| {ratio('time_to_target')} | {ratio('steps_to_target')} | {ratio('median_step')} "
               f"| {ci([runs[k]['final_accuracy'] for k in seeds], 4)} "
+              f"| {np.mean([runs[k]['clipped'] for k in seeds]):.0%} "
               f"| {1e3 * np.mean([runs[k]['real_compute_median'] for k in seeds]):.1f} / "
               f"{1e3 * max(runs[k]['real_compute_p99'] for k in seeds):.1f} |")
     if plain:
+        curves = {k: plain[k][0] for k in seeds}
         print(f"| plain torch loop (batch {a.workers * a.batch_size}, {a.steps} steps) | "
-              f"{sum(math.isfinite(first_at(plain[k], a.target)) for k in seeds)}/{len(seeds)} | - | "
-              f"{ci([first_at(plain[k], a.target) for k in seeds])} | - | - | - | - | "
-              f"{ci([plain[k][-1][1] for k in seeds], 4)} | - |")
+              f"{sum(math.isfinite(first_at(curves[k], a.target)) for k in seeds)}/{len(seeds)} | - | "
+              f"{ci([first_at(curves[k], a.target) for k in seeds])} | - | - | - | - | "
+              f"{ci([curves[k][-1][1] for k in seeds], 4)} | {np.mean([plain[k][1] for k in seeds]):.0%} | - |")
     print("\nper seed: final test accuracy (steps to target)")
     for (scheme, s), runs in results.items():
         print(f"  {label(scheme, s)}: " + ", ".join(
             f"seed {k} {runs[k]['final_accuracy']:.4f} ({runs[k]['steps_to_target']:g})" for k in seeds))
     for k in seeds:
         if k in plain:
-            print(f"  plain seed {k}: {plain[k][-1][1]:.4f} ({first_at(plain[k], a.target):g}); curve "
-                  + " ".join(f"{step}:{acc:.3f}" for step, acc in plain[k]))
+            curve = plain[k][0]
+            print(f"  plain seed {k}: {curve[-1][1]:.4f} ({first_at(curve, a.target):g}); curve "
+                  + " ".join(f"{step}:{acc:.3f}" for step, acc in curve))
     for k in seeds:
         if k in dgd:
             print(f"  dgd seed {k} curve: " + " ".join(f"{step}:{acc:.3f}" for step, acc in dgd[k]["curve"]))

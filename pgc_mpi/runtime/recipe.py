@@ -1,6 +1,7 @@
 """The user's training recipe on the runtime's side: the Python objects pgc_mpi.fit was given
-(RecipeObjects), and the callbacks on rank 0 (pgc_mpi.runs.callbacks): which ones a run has, the
-handle their on_start receives, their state restored on a resume."""
+(RecipeObjects), rank 0's update built from them (initial_update), and the callbacks on rank 0
+(pgc_mpi.runs.callbacks): which ones a run has, the handle their on_start receives, their state
+restored on a resume."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import TrainConfig
+from ..core.wire import wire_format
 from ..errors import PgcError
+from ..learning.plugins import is_spec
+from .servers import shard_bounds
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,19 @@ class RecipeObjects:
     optimizer: Callable | None = None
     scheduler: Callable | None = None
     callbacks: tuple = ()
+
+    def has_factories(self, cfg: TrainConfig) -> bool:
+        """Whether the update is built by a factory: these objects', or --optimizer / --scheduler PATH:NAME."""
+        return bool(self.optimizer or self.scheduler or cfg.scheduler or is_spec(cfg.optimizer))
+
+
+def initial_update(cfg: TrainConfig, problem, recipe: RecipeObjects) -> tuple:
+    """Rank 0's initial parameters in the run's dtype and the update over its shard of them."""
+    from ..learning.optim import make_update
+
+    own = shard_bounds(problem.dim, cfg.servers)[0]
+    params = problem.initial_params().astype(wire_format(cfg.wire_dtype, cfg.dtype).compute)
+    return params, make_update(cfg, params[own], problem, recipe)
 
 
 def run_callbacks(cfg: TrainConfig, recipe: RecipeObjects):

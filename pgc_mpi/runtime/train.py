@@ -43,7 +43,7 @@ from .checks import memory_fits, one_line, problem_size, same_model, say
 from .devices import DevicePlan, cuda_aware_mpi, select_device
 from .links import FollowerLink, LeaderLink
 from .outputs import close_outputs, open_outputs, record_failure
-from .recipe import RecipeObjects, run_callbacks, start_callbacks
+from .recipe import RecipeObjects, initial_update, run_callbacks, start_callbacks
 from .servers import shard_bounds
 from .transport import MasterTransport, WorkerTransport, abort, duplicate_world, wait_for_all
 from .worker import WorkerSettings, run_worker
@@ -110,13 +110,11 @@ def _configure(make_config: Callable[[], TrainConfig], ranks: int, prog: str) ->
 def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan, parts, recipe: RecipeObjects) -> tuple:
     """On rank 0: the master's problem (its data file checked, on its device; the user's model, loss
     and data checked on their first samples), the checkpoint to resume from, and the update over
-    rank 0's initial parameters (here, so that a bad optimizer or scheduler factory is a one-line error)."""
-    from ..learning.optim import make_update
-
+    rank 0's initial parameters where a factory makes it (a bad one is then a one-line error)."""
     problem = _problem(cfg, workers, partitions=[], verify=cfg.verify_data, plan=plan, parts=parts)
-    own = shard_bounds(problem.dim, cfg.servers)[0]  # every server must hold a parameter
-    params = problem.initial_params().astype(wire_format(cfg.wire_dtype, cfg.dtype).compute)
-    update = make_update(cfg, params[own], problem, recipe)
+    shard_bounds(problem.dim, cfg.servers)  # every server must hold a parameter
+    # the built-ins wait for the memory check (a vector of dim may not fit); a factory's model does
+    initial = initial_update(cfg, problem, recipe) if recipe.has_factories(cfg) else None
     resume = None
     if cfg.resume:
         from ..runs import checkpoint
@@ -130,7 +128,7 @@ def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan, parts, recipe: Re
                               f"{cfg.steps}: raise --steps to train further")
         # checkpoints of later steps belong to the abandoned continuation: they must not mix with this one's
         run_folder.drop_checkpoints_after(Path(cfg.out) / "checkpoints", resume.step)
-    return problem, resume, (params, update)
+    return problem, resume, initial
 
 
 def _outcome(action, prog: str = "pgc-train") -> tuple[int | None, object]:
@@ -352,7 +350,7 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: Wire
     out, metrics, progress = open_outputs(cfg, comm, log, scheme, problem, start, resume)
     shards = shard_bounds(problem.dim, cfg.servers)
     leader = Leader(LeaderLink(comm, cfg.servers, cfg.poll_interval), shards) if cfg.servers > 1 else None
-    params, update = initial  # the initial parameters in the run's dtype, and the update over rank 0's shard
+    params, update = initial or initial_update(cfg, problem, recipe)
     if leader is not None:
         leader.start(params, resume)
     own = shards[0]

@@ -103,7 +103,7 @@ def test_an_unexpected_set_up_error_is_one_line_for_every_rank(monkeypatch, caps
     cfg = train._configure(lambda: config_from_args(["--steps", "3", "--out", str(tmp_path / "run")]), ranks=5,
                            prog="pgc-train")
     try:
-        assert train._outcome(lambda: train._prepare(cfg, 4, None, None)) == (1, None)
+        assert train._outcome(lambda: train._prepare(cfg, 4, None, None, train.RecipeObjects())) == (1, None)
     finally:
         run_lock.release_all()
     err = capsys.readouterr().err
