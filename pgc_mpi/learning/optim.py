@@ -175,22 +175,21 @@ class FlatOptimizer:
         return math.sqrt(float(np.dot(g, g))) if g.dtype == np.float64 else float(np.linalg.norm(g.astype(np.float64)))
 
     @torch.no_grad()
-    def step(self, norm: float | None = None) -> dict[str, Any]:
-        """w <- optimizer(w, clip(grad)), then the schedule's step. `norm`: the gradient's global
-        norm when it is computed elsewhere (--servers K: over every shard); None: this one's.
-        Returns the step record's part: "lr" (the first group's rate this step used), "lr_groups"
-        (every group's, where they differ) and "grad_norm" (before clipping)."""
+    def step(self, measure: bool = True) -> dict[str, Any]:
+        """w <- optimizer(w, clip(grad)), then the schedule's step. Returns the step record's part:
+        "lr" (the first group's rate this step used), "lr_groups" (every group's, where they
+        differ) and, with `measure` or clipping, "grad_norm" (the gradient's norm before clipping;
+        a server of one shard has no use for its shard's norm: measure=False)."""
         lrs = self.lrs()
-        norm = self.grad_norm() if norm is None else norm
         limit = self.recipe.clip_grad_norm
-        if limit is not None:
-            coefficient = limit / (norm + CLIP_EPS)
-            if coefficient < 1:
-                self._grad *= coefficient
+        out: dict[str, Any] = {"lr": lrs[0]}
+        if measure or limit is not None:
+            out["grad_norm"] = norm = self.grad_norm()
+            if limit is not None and limit / (norm + CLIP_EPS) < 1:
+                self._grad *= limit / (norm + CLIP_EPS)
         self.opt.step()
         if self.scheduler is not None:
             self.scheduler.step()
-        out: dict[str, Any] = {"lr": lrs[0], "grad_norm": norm}
         if len(set(lrs)) > 1:
             out["lr_groups"] = lrs
         return out

@@ -186,10 +186,8 @@ class Master:
 
     def _update(self, t: int) -> None:
         """The optimizer step; parameters that are no longer finite end the run."""
-        record = self.opt.step()
-        if self.servers is not None or self.follows_arrivals or self.metrics is None:
-            record.pop("grad_norm")  # this shard's only: the global norm is not reduced (--servers K)
-        self._update_record = record
+        # with --servers K a shard's norm is not the gradient's (the global one is not reduced): none
+        self._update_record = self.opt.step(measure=self.servers is None and self.metrics is not None)
         if not np.isfinite(self.w[self.own].sum()):
             raise Diverged(f"training diverged at step {t}: the parameters became NaN or Inf after the update "
                            f"(lower --lr, or check the data for NaN/Inf)")
