@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..config import TrainConfig
 from ..core.wire import wire_format
 from ..errors import PgcError
@@ -32,12 +34,14 @@ class RecipeObjects:
         return bool(self.optimizer or self.scheduler or cfg.scheduler or is_spec(cfg.optimizer))
 
 
-def initial_update(cfg: TrainConfig, problem, recipe: RecipeObjects) -> tuple:
-    """Rank 0's initial parameters in the run's dtype and the update over its shard of them."""
+def initial_update(cfg: TrainConfig, problem, recipe: RecipeObjects, params: np.ndarray | None = None) -> tuple:
+    """Rank 0's initial parameters in the run's dtype (`params`, when given: built already) and the
+    update over its shard of them (the first torch optimizer of a process takes about a second)."""
     from ..learning.optim import make_update
 
     own = shard_bounds(problem.dim, cfg.servers)[0]
-    params = problem.initial_params().astype(wire_format(cfg.wire_dtype, cfg.dtype).compute)
+    if params is None:
+        params = problem.initial_params().astype(wire_format(cfg.wire_dtype, cfg.dtype).compute)
     return params, make_update(cfg, params[own], problem, recipe)
 
 

@@ -259,7 +259,7 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
         digest = hashlib.sha256(scheme.encoding_matrix().tobytes()).hexdigest()
         if len(set(comm.allgather(digest))) != 1:
             raise PgcError("ranks built different encoding matrices (different numpy versions?)")
-    if not _memory_ok(cfg, comm, scheme, state, prog):
+    if not _memory_ok(cfg, comm, scheme, state, prog, gpu=plan.kind != "cpu"):
         return 2
     problem, resume = (state[:2] if rank == 0 else (None, None) if rank < servers else
                        (_problem(cfg, n, scheme.placement[rank - servers], plan=plan, parts=parts), None))
@@ -282,10 +282,10 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
     return _run_master(cfg, comm, log, scheme, problem, header, wire, resume, start, outcome, prog, state[2], recipe)
 
 
-def _memory_ok(cfg: TrainConfig, comm, scheme, state, prog: str) -> bool:
+def _memory_ok(cfg: TrainConfig, comm, scheme, state, prog: str, gpu: bool = False) -> bool:
     """The memory check (checks.memory_fits) on the problem's size as rank 0 knows it (a collective)."""
     size = comm.bcast(problem_size(cfg, state[0], scheme.n) if comm.Get_rank() == 0 else None, root=0)
-    return memory_fits(comm, cfg, scheme, size, prog)
+    return memory_fits(comm, cfg, scheme, size, prog, gpu)
 
 
 def _gather_ranks(comm, log, start: dict, plan: DevicePlan) -> dict:
@@ -350,9 +350,11 @@ def _run_master(cfg: TrainConfig, comm, log, scheme, problem, header, wire: Wire
     out, metrics, progress = open_outputs(cfg, comm, log, scheme, problem, start, resume)
     shards = shard_bounds(problem.dim, cfg.servers)
     leader = Leader(LeaderLink(comm, cfg.servers, cfg.poll_interval), shards) if cfg.servers > 1 else None
-    params, update = initial or initial_update(cfg, problem, recipe)
-    if leader is not None:
+    params, update = initial or (problem.initial_params().astype(wire.compute), None)
+    if leader is not None:  # first: the other servers build their update while rank 0 builds its own
         leader.start(params, resume)
+    if update is None:
+        params, update = initial_update(cfg, problem, recipe, params)
     own = shards[0]
     link = MasterTransport(comm, scheme.n, Layout(header, own.stop - own.start, wire.storage), cfg.poll_interval,
                            wire, first_worker=cfg.servers)
