@@ -102,7 +102,11 @@ def main() -> None:
     modes = ["undisturbed", "today", "local.sh"] + (["slurm-undisturbed", "slurm"] if a.slurm else [])
     env = {**os.environ, "MPIEXEC_TIMEOUT": "600", "OMP_NUM_THREADS": "1"}
     rows: dict[str, list[tuple[float, int, float]]] = {m: [] for m in modes}
-    with tempfile.TemporaryDirectory(dir=ROOT) as root:  # a folder the Slurm job can see
+    # runs go to a temporary folder: under the repository's ignored bench/ when a Slurm job must see it
+    shared = ROOT / "bench" if a.slurm else None
+    if shared:
+        shared.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="worker-death-", dir=shared) as root:
         for seed in a.seeds:
             for mode in modes:
                 args = ["--scheme", "pgc-cr", "-s", "1", "--steps", "400", "--checkpoint-every", "50",

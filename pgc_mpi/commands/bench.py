@@ -43,7 +43,7 @@ import sys
 import time
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..choices import BUILTIN_DATASETS, PEER_SCHEMES
 from ..config import TrainConfig, tomllib
@@ -52,7 +52,7 @@ from ..errors import ConfigError, PgcError
 from ..learning.plugins import is_spec
 from ..runs import run_lock
 from ..runs.results import run_completed
-from .bench_results import S_FREE, aggregate, gather, run_dir_of, winners
+from .bench_results import S_FREE, RunKey, aggregate, gather, run_dir_of, winners
 
 __all__ = ["aggregate", "gather", "load_experiment", "main", "plan", "run_dir_of", "run_one", "winners"]
 
@@ -110,19 +110,6 @@ def _train_options(path: Path, table: str, raw: dict[str, Any]) -> dict[str, Any
         raise ConfigError(f"{path}: {table} has unknown or per-run options {bad}; scheme, s and seeds are set "
                           f"at the top level")
     return options
-
-
-class RunKey(NamedTuple):
-    """One run of an experiment: scheme, s, delay model (an index into the experiment's delays), seed."""
-
-    scheme: str
-    s: int
-    delay: int
-    seed: int
-
-    def describe(self, exp: dict[str, Any]) -> str:
-        delay = f" delay={exp['delays'][self.delay]}" if exp["delay_axis"] else ""
-        return f"{self.scheme} s={self.s}{delay} seed={self.seed}"
 
 
 def run_options(exp: dict[str, Any], key: RunKey) -> dict[str, Any]:

@@ -8,16 +8,27 @@ import csv
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 from ..config import TrainConfig
 from ..runs.results import PAPER_RUN, RunSummary, lost_detail_note, read_steps, run_completed, summarize_run
 from ..runs.stats import Interval, interval
 
-if TYPE_CHECKING:
-    from .bench import RunKey
-
 S_FREE = ("dgd", "pbs", "ddp")  # schemes that do not depend on s: one run per seed and delay model
+
+
+class RunKey(NamedTuple):
+    """One run of an experiment: scheme, s, delay model (an index into the experiment's delays), seed."""
+
+    scheme: str
+    s: int
+    delay: int
+    seed: int
+
+    def describe(self, exp: dict[str, Any]) -> str:
+        """'pgc-cr s=1 delay=exp:0.05 seed=2' (the delay only where the experiment varies it)."""
+        delay = f" delay={exp['delays'][self.delay]}" if exp["delay_axis"] else ""
+        return f"{self.scheme} s={self.s}{delay} seed={self.seed}"
 
 
 SUMMARY_KEYS = ("time_to_target", "steps_to_target", "median_step_time", "step_time_vs_dgd", "time_vs_dgd",

@@ -11,7 +11,10 @@ number in --dtype, w bytes per number on the wire, n workers and c buffers per m
   received, the message sent: the model is used and the message coded in place) + D*b * 3 when
   w differs from b (the model widened, the message coded before rounding, the rounding's
   temporary); a torch model adds
-  D*4 * 3 (parameters, their .grad, the flattened gradient);
+  D*4 * 3 (parameters, their .grad, the flattened gradient). A worker whose torch model is on a
+  GPU holds the model, its gradients and its data in device memory, which is not the host's: it
+  is charged D*b * 2 instead (the page-locked host mirrors of the parameters and the gradient) and
+  one partition of data (read on the host on its way to the GPU);
 - server k (rank k < K) of a shard of D_k: n*D_k*w (one receive row per worker; the master posts
   every worker's receive at once) + n*D_k*b more when w < b (each row widened to --dtype) +
   D_k*b * (2 + optimizer state: the parameters and the decoded gradient; momentum 1, adam 2) +
@@ -93,22 +96,27 @@ def gib(nbytes: float) -> str:
 
 
 def rank_need(cfg: TrainConfig, scheme, size: ProblemSize, rank: int, built: bool = False,
-              torch_loaded: bool = True) -> Need:
-    """The estimated allocations of `rank` (module docstring): servers are ranks 0..K-1, the
+              torch_loaded: bool = True, gpu: bool = False) -> Need:
+    """The estimated host allocations of `rank` (module docstring): servers are ranks 0..K-1, the
     workers the rest (with the ddp baseline every rank but 0 is a worker). `built`: the rank's
     problem is built already (rank 0's, at pgc-train's check), and is left out; `torch_loaded`:
-    whether the rank has imported torch yet (a server other than rank 0 imports it later)."""
+    whether the rank has imported torch yet (a server other than rank 0 imports it later); `gpu`:
+    the rank computes on a GPU (a worker's torch model and data are then in device memory)."""
     b = np.dtype(cfg.dtype).itemsize
     w = 2 if cfg.wire_dtype in ("bfloat16", "float16") else np.dtype(cfg.wire_dtype or cfg.dtype).itemsize
     d, n, servers = size.dim, scheme.n, cfg.servers
     problem = ("problem", 0.0 if built else size.whole_bytes)
     if rank >= servers:
         stored = len(scheme.placement[rank - servers])
-        parts = [problem, ("data", stored * size.partition_bytes),
-                 (f"{scheme.c} stale buffers", scheme.c * d * b), ("fresh gradient", d * b),
+        on_gpu = gpu and size.torch
+        data = ("data, a partition at a time on its way to the GPU", min(stored, 1) * size.partition_bytes) \
+            if on_gpu else ("data", stored * size.partition_bytes)
+        parts = [problem, data, (f"{scheme.c} stale buffers", scheme.c * d * b), ("fresh gradient", d * b),
                  ("send and receive buffers", 2 * d * w),
                  ("widened model, message and its rounding", 3 * d * b if w != b else 0.0)]
-        if size.torch:
+        if on_gpu:
+            parts.append(("page-locked mirrors of the GPU's parameters and gradient", 2 * d * b))
+        elif size.torch:
             parts.append(("torch parameters and gradients", 3 * d * 4))
         return Need("worker", tuple(parts))
     shard = d // servers + (rank < d % servers)

@@ -57,45 +57,61 @@ def problem_size(cfg, problem, n: int):
                       held=not getattr(problem.source, "lazy", False), eval_train=problem.eval_train)
 
 
-def available_memory() -> tuple[float, str]:
+def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> tuple[float, str]:
     """(bytes the processes of this node may still allocate, where that figure comes from): the
-    node's MemAvailable, or less where a cgroup (Slurm's job cgroup, a container) allows less."""
+    node's MemAvailable, or less where a cgroup (Slurm's job cgroup, a container) allows less. In
+    a cgroup the inactive file cache counts as free: the kernel reclaims it before it refuses
+    memory (a job that has just read a large data file has it charged to its usage). `proc` and
+    `cgroup_root` are where /proc and /sys/fs/cgroup are (other folders in tests)."""
     best, source = math.inf, "unknown"
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in (proc / "meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 best, source = int(line.split()[1]) * 1024.0, "MemAvailable"
     except OSError:
         pass
-    for limit, used, where in _cgroup_limits():
+    for limit, used, where in _cgroup_limits(proc, cgroup_root):
         if limit - used < best:
-            best, source = float(limit - used), f"cgroup {where}: limit {limit / (1 << 30):.1f} GiB"
+            best, source = float(limit - used), (f"cgroup {where}: limit {limit / (1 << 30):.1f} GiB, "
+                                                 f"{used / (1 << 30):.1f} GiB used besides reclaimable file cache")
     return best, source
 
 
-def _cgroup_limits():
-    """(limit, usage, folder) of this process's memory cgroup and of each of its ancestors that
-    has a limit (cgroup v2, or v1's memory controller)."""
+def _stat_value(stat_file: Path, key: str) -> int:
+    """The value of `key` in a cgroup's memory.stat (0 where it is absent or unreadable)."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        for line in stat_file.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _cgroup_limits(proc: Path, cgroup_root: Path):
+    """(limit, usage less inactive file cache, folder) of this process's memory cgroup and of each
+    of its ancestors that has a limit (cgroup v2, or v1's memory controller)."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:
         return
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":
-            root, limit_file, usage_file = Path("/sys/fs/cgroup"), "memory.max", "memory.current"
+            root, limit_file, usage_file, cache = cgroup_root, "memory.max", "memory.current", "inactive_file"
         elif "memory" in controllers.split(","):
-            root = Path("/sys/fs/cgroup/memory")
-            limit_file, usage_file = "memory.limit_in_bytes", "memory.usage_in_bytes"
+            root, limit_file, usage_file = cgroup_root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+            cache = "total_inactive_file"  # v1's usage counts the cgroups below too, and so does total_*
         else:
             continue
         folder = root / path.lstrip("/")
         while True:
             try:
                 limit = (folder / limit_file).read_text().strip()
-                used = int((folder / usage_file).read_text())
+                used = int((folder / usage_file).read_text()) - _stat_value(folder / "memory.stat", cache)
                 if limit != "max" and int(limit) < 1 << 60:  # v1 says "no limit" with a huge number
-                    yield int(limit), used, str(folder)
+                    yield int(limit), max(used, 0), str(folder)
             except (OSError, ValueError):
                 pass
             if folder == root or folder.parent == folder:
@@ -103,10 +119,11 @@ def _cgroup_limits():
             folder = folder.parent
 
 
-def memory_fits(comm, cfg, scheme, size, prog: str) -> bool:
+def memory_fits(comm, cfg, scheme, size, prog: str, gpu: bool = False) -> bool:
     """Whether the ranks of every node can allocate what they will need (pgc_mpi.config.memory's
-    estimate; a collective), checked before they allocate it: otherwise rank 0 says, in one line,
-    which node, how much its ranks need and how much is available. With --no-memory-check: True."""
+    estimate of host memory; a collective), checked before they allocate it: otherwise rank 0 says,
+    in one line, which node, how much its ranks need and how much is available. `gpu`: this rank
+    computes on a GPU (its model is not charged to the host). With --no-memory-check: True."""
     from mpi4py import MPI
 
     from ..config.memory import gib, rank_need
@@ -115,7 +132,7 @@ def memory_fits(comm, cfg, scheme, size, prog: str) -> bool:
         return True
     rank = comm.Get_rank()
     # rank 0 built its problem before the check (it is resident): only what is still to come counts
-    need = rank_need(cfg, scheme, size, rank, built=rank == 0, torch_loaded="torch" in sys.modules)
+    need = rank_need(cfg, scheme, size, rank, built=rank == 0, torch_loaded="torch" in sys.modules, gpu=gpu)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     needs = node.gather((rank, need), root=0)
     message = None

@@ -63,3 +63,60 @@ def test_available_memory_is_what_the_node_has_at_most():
     meminfo = Path("/proc/meminfo").read_text().splitlines()
     total = int(next(line for line in meminfo if line.startswith("MemTotal:")).split()[1]) * 1024
     assert 0 < available <= total and source
+
+
+def _fake_node(tmp_path, membership: str, files: dict[str, str]):
+    """A /proc (MemAvailable 40 GiB; this process in cgroup `membership`) and a cgroup tree."""
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(f"MemTotal: {64 << 20} kB\nMemAvailable: {40 << 20} kB\n")
+    (proc / "self" / "cgroup").write_text(membership)
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return proc, root
+
+
+GiB = 1 << 30
+
+
+def test_a_cgroups_inactive_file_cache_counts_as_available_v2(tmp_path):
+    job = "slurm/job_1"
+    proc, root = _fake_node(tmp_path, "0::/slurm/job_1/step_0\n", {
+        f"{job}/memory.max": f"{8 * GiB}\n", f"{job}/memory.current": f"{7 * GiB}\n",
+        # a data file just read: 5 GiB of its 6 GiB of cache is inactive, which the kernel reclaims first
+        f"{job}/memory.stat": f"anon {GiB}\nfile {6 * GiB}\nactive_file {GiB}\ninactive_file {5 * GiB}\n",
+        f"{job}/step_0/memory.max": "max\n", f"{job}/step_0/memory.current": f"{7 * GiB}\n"})
+    available, source = available_memory(proc, root)
+    assert available == 6 * GiB and source.startswith(f"cgroup {root / job}: limit 8.0 GiB, 2.0 GiB used")
+    (root / job / "memory.stat").write_text(f"inactive_file {9 * GiB}\n")  # never more than the limit
+    assert available_memory(proc, root)[0] == 8 * GiB
+    (root / job / "memory.max").write_text("max\n")  # no limit: the node's MemAvailable
+    assert available_memory(proc, root) == (40 * GiB, "MemAvailable")
+
+
+def test_a_cgroups_inactive_file_cache_counts_as_available_v1(tmp_path):
+    job = "memory/slurm/uid_0/job_2"
+    proc, root = _fake_node(tmp_path, "12:memory:/slurm/uid_0/job_2\n4:cpu,cpuacct:/slurm/uid_0/job_2\n", {
+        "memory/memory.limit_in_bytes": "9223372036854771712\n", "memory/memory.usage_in_bytes": f"{30 * GiB}\n",
+        f"{job}/memory.limit_in_bytes": f"{4 * GiB}\n", f"{job}/memory.usage_in_bytes": f"{3 * GiB}\n",
+        # v1's usage counts the cgroups below: so does total_inactive_file, not inactive_file
+        f"{job}/memory.stat": f"cache {2 * GiB}\ninactive_file 4096\ntotal_inactive_file {2 * GiB}\n"})
+    available, source = available_memory(proc, root)
+    assert available == 3 * GiB and source.startswith(f"cgroup {root / job}: limit 4.0 GiB, 1.0 GiB used")
+    (root / job / "memory.stat").unlink()  # no memory.stat: all of the usage counts
+    assert available_memory(proc, root)[0] == GiB
+
+
+def test_a_gpu_workers_model_and_data_are_not_host_memory():
+    cfg = TrainConfig()
+    scheme = cfg.make_scheme(3)
+    size = torch_size(D, (1, 28, 28), 60000, 10000, n=3, held=True, eval_train=True)
+    cpu, gpu = rank_need(cfg, scheme, size, 1), rank_need(cfg, scheme, size, 1, gpu=True)
+    stored = len(scheme.placement[0])
+    assert stored > 1
+    # torch's parameters, .grad and flat gradient (3*D*4) go to the GPU, its page-locked mirrors (2*D*4)
+    # stay; its partitions go to the GPU one at a time
+    assert cpu.total - gpu.total == pytest.approx(D * 4 + (stored - 1) * size.partition_bytes)
+    assert dict(gpu.parts)["page-locked mirrors of the GPU's parameters and gradient"] == 2 * D * 4
+    assert rank_need(cfg, scheme, size, 0, gpu=True) == rank_need(cfg, scheme, size, 0)  # the master's are NumPy
