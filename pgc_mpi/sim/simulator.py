@@ -411,7 +411,7 @@ def replay(scheme: CodedScheme | PbsScheme, problem: Problem, steps: Iterable[di
             for i in map(int, rec["arrivals"]):
                 collector.offer(Message(t, i, tuple(versions[i])), wire.round_trip(builder.message(i, versions[i])))
         collector.decode(partial=rec.get("partial", False))
-        if "lr" in rec:  # --adapt changed it at this step
+        if "lr" in rec:  # the rate the step used (a schedule's, or --adapt's change; older records: only the latter)
             opt.opt.param_groups[0]["lr"] = rec["lr"]
         opt.step()
         builder.add_model(t + 1, w)

@@ -156,7 +156,8 @@ def test_pbs_on_k_servers_is_the_one_server_rule_on_rank_0_s_arrival_order(tmp_p
     records = steps_of(tmp_path / "run")
     assert sum(len(r["messages"]) for r in records) > len(records)  # the order mattered
     assert np.abs(got - _pbs_replay(records, lr=lr)).max() < 1e-10
-    assert any("lr" in r for r in records) == bool(adapt)
+    assert all("lr" in r for r in records)  # the rate each step used
+    assert any(r["lr"] != lr for r in records) == bool(adapt)  # --adapt changed it
     problem = _quadratic()
     for r in records:
         t = r["step"]
