@@ -24,5 +24,5 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def nesterov_wd(model: nn.Module) -> torch.optim.Optimizer:
-    """SGD with Nesterov momentum 0.9, lr 0.05, weight decay 5e-4 on the weights only."""
+    """SGD with Nesterov momentum 0.9, lr 0.1, weight decay 5e-4 on the weights only."""
     return torch.optim.SGD(param_groups(model, WEIGHT_DECAY), lr=LR, momentum=MOMENTUM, nesterov=True)
