@@ -170,9 +170,9 @@ class FlatOptimizer:
         return [float(group["lr"]) for group in self.opt.param_groups]
 
     def grad_norm(self) -> float:
-        """The L2 norm of the decoded gradient (accumulated in float64)."""
-        g = self._grad
-        return math.sqrt(float(np.dot(g, g))) if g.dtype == np.float64 else float(np.linalg.norm(g.astype(np.float64)))
+        """The L2 norm of the decoded gradient (a BLAS dot, in its dtype)."""
+        g = self._grad  # BLAS's dot in the gradient's own dtype: no float64 copy (16 ms of 18 at 11M, §21)
+        return math.sqrt(float(np.dot(g, g)))
 
     @torch.no_grad()
     def step(self, measure: bool = True) -> dict[str, Any]:
