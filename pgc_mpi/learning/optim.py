@@ -76,12 +76,10 @@ def make_update(cfg: Any, w: np.ndarray, problem: Any = None, objects: Any = Non
         factory = load_object(cfg.optimizer, "--optimizer")
     if scheduler is None and getattr(cfg, "scheduler", None):
         scheduler = load_object(cfg.scheduler, "--scheduler")
-    label = cfg.optimizer if factory is not None else ""
-    recipe = Recipe.of(cfg, **overrides)
-    if factory is not None:
-        recipe = Recipe.of(cfg, optimizer="sgd", **overrides)  # the name is the factory's label, not a built-in
-    return FlatOptimizer(w, recipe, module=getattr(problem, "module", None), factory=factory, scheduler=scheduler,
-                         label=label)
+    if factory is not None:  # the configuration's name is then the factory's label, not a built-in's
+        overrides = {"optimizer": "sgd", **overrides}
+    return FlatOptimizer(w, Recipe.of(cfg, **overrides), module=getattr(problem, "module", None), factory=factory,
+                         scheduler=scheduler, label=cfg.optimizer if factory is not None else "")
 
 
 def parse_floats(text: str | tuple | list) -> tuple[float, ...]:
