@@ -60,7 +60,7 @@ class MasterSettings:
     record_params: bool = False
     probe_every: int = 20  # pbs diagnostics: steps between two probes (two validation gradients)
     adapt: bool = False
-    lost_after: float | None = None  # seconds without an answer before a worker is declared lost (runtime.lost)
+    lost_after: float | None = None  # seconds of silence before a worker is declared lost (runtime.lost)
     recipe: Recipe | None = None  # the update (pgc_mpi.learning.optim); None: `optimizer`, `lr`, `momentum`
 
     def update_recipe(self) -> Recipe:
@@ -155,6 +155,8 @@ class Master:
         self.follows_arrivals = getattr(control, "follows_arrivals", False)
         for i in range(self.n):
             self.link.post(i)
+        if self.settings.lost_after is not None:
+            self.link.listen_for_heartbeats()
         for t in range(self.start, self.settings.steps):
             began = time.monotonic()
             try:
@@ -244,7 +246,7 @@ class Master:
             for i in arrived:
                 self._timed("receive", functools.partial(self._receive, t, i))
             self._check_rejections(t)
-            self.gone.declare(t, self.metrics.write if self.metrics is not None else None)
+            self.gone.declare(t, self.link.heard, self.metrics.write if self.metrics is not None else None)
             if not collector.ready() and self.gone.stuck(collector.waiting_for(), collector.waits_on):
                 self.totals.lost = sorted(self.gone.lost)
                 log.error("step %d cannot complete: it needs lost workers %s (%s tolerates %d); ending the run with "
@@ -362,14 +364,12 @@ class Master:
             if self.sent[i] < t and not self.busy[i] and not self.link.model_in_flight(i):
                 self.link.send_model(i)
                 self.sent[i], self.busy[i] = t, True
-                self.gone.sent(i)
                 if self.leads_arrivals:
                     self.servers.answer(i, t)
 
     def _receive(self, t: int, worker: int) -> None:
         """Judge one arrived message, offer it to the collector, and free its buffer unless held."""
         self.busy[worker] = False
-        self.gone.answered(worker)
         msg = Message.read(self.link.headers[worker])
         values = self.link.gradient(worker)  # widened to the run's dtype
         kind, why = self._fault(worker, msg, values)

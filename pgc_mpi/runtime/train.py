@@ -32,20 +32,15 @@ from ..core.stragglers import DelayModel
 from ..core.wire import WireFormat, wire_format
 from ..errors import ConfigError, PgcError
 from ..runs import run_folder, run_lock
-from ..runs.metrics import (
-    MetricsWriter,
-    configure_logging,
-    make_log_dir,
-    setup_logging,
-)
+from ..runs.metrics import MetricsWriter, configure_logging, make_log_dir, setup_logging
 from . import provenance, shm, signals
-from .checks import memory_fits, one_line, problem_size, same_model, say
+from .checks import memory_fits, one_line, problem_size, same_problem, say
 from .devices import DevicePlan, cuda_aware_mpi, select_device
 from .links import FollowerLink, LeaderLink
 from .outputs import close_outputs, open_outputs, record_failure
 from .recipe import RecipeObjects, initial_update, run_callbacks, start_callbacks
 from .servers import shard_bounds
-from .transport import MasterTransport, WorkerTransport, abort, duplicate_world, wait_for_all
+from .transport import MasterTransport, WorkerTransport, abort, duplicate_world, heartbeat_interval, wait_for_all
 from .worker import WorkerSettings, run_worker
 
 # Exit status of a run that stopped because training produced NaN or Inf (see Master._update).
@@ -119,6 +114,7 @@ def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan, parts, recipe: Re
     if cfg.resume:
         from ..runs import checkpoint
 
+        run_folder.check_same_data(cfg, problem)  # other data than the run's: refused unless resume_other_data
         scheme = cfg.make_scheme(workers)
         path = checkpoint.resolve(cfg.resume, Path(cfg.out) / "checkpoints")
         encoding = scheme.encoding_matrix() if scheme.kind == "coded" else None
@@ -263,7 +259,7 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
         return 2
     problem, resume = (state[:2] if rank == 0 else (None, None) if rank < servers else
                        (_problem(cfg, n, scheme.placement[rank - servers], plan=plan, parts=parts), None))
-    if not same_model(comm, problem, prog):
+    if not same_problem(comm, problem, prog):
         return 2
     start = _gather_ranks(comm, log, start, plan)
     wire = wire_format(cfg.wire_dtype, cfg.dtype)
@@ -271,8 +267,8 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
     if rank >= servers:
         layout = Layout(header, problem.dim, wire.storage)
         settings = WorkerSettings(tuple(parse_faults(cfg.fault, n)), cfg.refresh_over(scheme), cfg.compute_time)
-        link = WorkerTransport(comm, layout, cfg.poll_interval, wire,
-                               shard_bounds(problem.dim, servers) if servers > 1 else None)
+        link = WorkerTransport(comm, layout, cfg.poll_interval, wire, shard_bounds(problem.dim, servers)
+                               if servers > 1 else None, heartbeat=heartbeat_interval(cfg.lost_after))
         computed = run_worker(rank - servers, scheme, problem, link, DelayModel(cfg.delay, n, seed=cfg.seed),
                               settings)
         _log_rank_end(log, f"{computed} gradients computed")
@@ -417,7 +413,7 @@ def _train_peers(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePl
     if not _memory_ok(cfg, comm, scheme, state, prog):
         return 2
     problem = state[0] if rank == 0 else _problem(cfg, n, partitions=scheme.placement[rank - 1], parts=parts)
-    if not same_model(comm, problem, prog):
+    if not same_problem(comm, problem, prog):
         return 2
     start = _gather_ranks(comm, log, start, plan)
     peers = ddp.connect(comm, problem)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from typing import NoReturn
 
@@ -31,6 +32,14 @@ from ..core.wire import WireFormat, wire_format
 
 TAG_MODEL, TAG_GRAD, TAG_STOP, TAG_BYE = 101, 102, 103, 104
 # 105..114: the control links of pgc_mpi.runtime.links
+TAG_ALIVE = 115  # a worker's heartbeat to rank 0 (pgc_mpi.runtime.lost)
+
+
+def heartbeat_interval(lost_after: float) -> float:
+    """Seconds between a worker's heartbeats for a master that declares a worker lost after
+    `lost_after` seconds of silence: four beats in that time (a beat late by a scheduling hiccup
+    is not a death), and at least one a second (a death is noticed within a second of lost_after)."""
+    return min(1.0, lost_after / 4)
 
 
 class Backoff:
@@ -132,9 +141,13 @@ class MasterTransport:
         self._snapshots: list[_Snapshot] = []
         self._current: _Snapshot | None = None
         self.bytes_received = 0
-        # when each worker's last message arrived, and when the master last polled: shutdown's test of life
-        self._heard = [time.monotonic()] * n
+        # when each worker was last heard from (a message or a heartbeat), and when the master last
+        # polled: the lost workers' clock (pgc_mpi.runtime.lost) and shutdown's test of life
+        self.heard = [time.monotonic()] * n
         self._last_poll = time.monotonic()
+        self._beats = np.zeros((n, 1), dtype=np.int64)  # each worker's newest heartbeat (its content is unused)
+        self._beat_reqs: list[MPI.Request] = [MPI.REQUEST_NULL] * n
+        self._listening = False
 
     def gradient(self, worker: int) -> np.ndarray:
         """The payload of `worker`'s message in the run's dtype: the receive buffer itself, or, with a
@@ -150,6 +163,36 @@ class MasterTransport:
         """(Re)post the receive of `worker`'s next gradient into its buffer."""
         self._reqs[worker] = self.comm.Irecv([self.recv[worker], MPI.BYTE], source=worker + self.first_worker,
                                              tag=TAG_GRAD)
+
+    def listen_for_heartbeats(self) -> None:
+        """Receive the workers' heartbeats from now on (rank 0, which declares workers lost): every
+        poll takes them, and the silence of a worker counts from now."""
+        self.heard = [time.monotonic()] * self.n
+        self._listening = True
+        for worker in range(self.n):
+            self._post_beat(worker)
+
+    def _post_beat(self, worker: int) -> None:
+        self._beat_reqs[worker] = self.comm.Irecv([self._beats[worker], MPI.INT64_T],
+                                                  source=worker + self.first_worker, tag=TAG_ALIVE)
+
+    def _take_heartbeats(self, now: float) -> None:
+        """Every heartbeat that has arrived: its worker is heard from now. A worker keeps one beat in
+        flight (a synchronous send), so after a long pause of the master (an evaluation) one pass
+        takes them all."""
+        if not self._listening:
+            return
+        for i in MPI.Request.Testsome(self._beat_reqs) or []:
+            self.heard[i] = now
+            self._post_beat(i)
+
+    def _stop_listening(self, worker: int) -> None:
+        """Withdraw the heartbeat receive of a worker that confirmed its stop (its beats have ended)."""
+        req = self._beat_reqs[worker]
+        if req != MPI.REQUEST_NULL:
+            req.Cancel()
+            req.Wait()
+            self._beat_reqs[worker] = MPI.REQUEST_NULL
 
     def poll(self, until: float) -> list[int]:
         """Workers whose gradient has arrived, waiting at most until time.monotonic() == until."""
@@ -183,8 +226,9 @@ class MasterTransport:
         by_source = {st.Get_source(): st for st in self._statuses if st.Get_source() >= self.first_worker}
         good = []
         now = time.monotonic()
+        self._take_heartbeats(now)
         for i in done:
-            self._heard[i] = now
+            self.heard[i] = now
             st = by_source.get(i + self.first_worker)
             if st is not None and st.Get_error() != MPI.SUCCESS:
                 self.malformed.append((i, "message larger than expected (truncated)"))
@@ -234,7 +278,7 @@ class MasterTransport:
         """
         self._repost_arrived()  # what arrived since the last poll is a sign of life too
         until = time.monotonic() + grace
-        alive = [w for w in range(self.n) if self._last_poll - self._heard[w] <= grace]
+        alive = [w for w in range(self.n) if self._last_poll - self.heard[w] <= grace]
         while any(self.model_in_flight(w) for w in alive) and time.monotonic() < until:
             self._repost_arrived()
             _sleep_until(self.poll_interval, until)
@@ -252,6 +296,7 @@ class MasterTransport:
                 if self._reqs[w] != MPI.REQUEST_NULL:  # it will send nothing more: withdraw the receive
                     self._reqs[w].Cancel()
                     self._reqs[w].Wait()
+                self._stop_listening(w)
             if len(confirmed) < len(alive):
                 _sleep_until(self.poll_interval, until)
         return sorted(set(range(self.n)) - confirmed)
@@ -262,6 +307,40 @@ class MasterTransport:
             self.post(w)
 
 
+class Heartbeat:
+    """A worker's sign of life to rank 0, sent every `interval` seconds from a thread of its own,
+    whatever the worker is doing (a computation of any length, an injected delay, waiting for a
+    model), so that rank 0 tells a slow worker from a gone one (pgc_mpi.runtime.lost). One beat is
+    in flight at a time, sent synchronously (complete once rank 0 has taken it): a master busy for
+    minutes then finds one beat per worker waiting, not a queue. The thread only wakes, tests a
+    request and sends 8 bytes: it takes the GIL for microseconds a second (its cost on a step is
+    measured in docs/BENCHMARKS.md)."""
+
+    def __init__(self, comm: MPI.Comm, interval: float, poll_interval: float, master: int = 0):
+        self.comm, self.interval, self.poll_interval, self.master = comm, interval, poll_interval, master
+        self._buf = np.zeros(1, dtype=np.int64)
+        self._req = MPI.REQUEST_NULL
+        self._quiet = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="pgc-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._quiet.wait(self.interval):
+            if self._req.Test():  # the previous beat has been taken (or there is none)
+                self._req = self.comm.Issend([self._buf, MPI.INT64_T], dest=self.master, tag=TAG_ALIVE)
+
+    def fall_silent(self) -> None:
+        """Send no more beats (an injected hang: this worker acts as a frozen node)."""
+        self._quiet.set()
+
+    def stop(self) -> None:
+        """End the beats before this worker's goodbye; the last one is taken first (rank 0 takes beats
+        until the goodbye arrives), so none is left unmatched."""
+        self._quiet.set()
+        self._thread.join()
+        _wait([self._req], self.poll_interval)
+
+
 class WorkerTransport:
     """A worker's side: receive the newest model, send coded gradients, notice the stop.
 
@@ -270,10 +349,10 @@ class WorkerTransport:
     server; with one server both are single messages sent and received in place."""
 
     def __init__(self, comm: MPI.Comm, grad_layout: Layout, poll_interval: float, wire: WireFormat | None = None,
-                 shards: list[slice] | None = None):
+                 shards: list[slice] | None = None, heartbeat: float | None = None):
         """`grad_layout`: the whole message (header and every parameter); `wire`: the gradients'
         format on the wire (default: grad_layout's dtype, nothing rounded); models arrive in its
-        compute dtype."""
+        compute dtype; `heartbeat`: seconds between this worker's heartbeats to rank 0 (None: none)."""
         self.comm, self.poll_interval = comm, poll_interval
         self.wire = wire or wire_format(None, grad_layout.dtype)
         self.shards = shards or [slice(0, grad_layout.dim)]
@@ -299,6 +378,7 @@ class WorkerTransport:
         self.shard_steps: list[int] = []  # the step of each server's shard in the model last taken
         self._status = MPI.Status()
         self.stopped = False
+        self.heartbeat = Heartbeat(comm, heartbeat, poll_interval) if heartbeat is not None else None
 
     def _drain(self, server: int) -> bool:
         """Receive every model shard `server` has sent (the newest stays); True when its stop is next."""
@@ -377,16 +457,23 @@ class WorkerTransport:
                                                                                          strict=True)],
               self.poll_interval)
 
+    def fall_silent(self) -> None:
+        """Stop the heartbeats for good (an injected hang)."""
+        if self.heartbeat is not None:
+            self.heartbeat.fall_silent()
+
     def confirm_stop(self) -> None:
         """Tell every server this worker is done and will send nothing more, once every one of them
         has said stop (model shards sent before a server's stop are received and dropped meanwhile:
-        a server's shutdown waits for them to be delivered)."""
+        a server's shutdown waits for them to be delivered), and its heartbeats have ended."""
         backoff = Backoff(self.poll_interval)
         while len(self._stopping) < len(self.shards):
             for k in set(self.servers) - self._stopping:
                 if self._drain(k):
                     self._receive_stop(k)
             backoff.sleep()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         for k in self.servers:
             self.comm.Send([np.zeros(1), MPI.DOUBLE], dest=k, tag=TAG_BYE)
 

@@ -47,11 +47,14 @@ def _sleep_until(until: float, interrupted: Callable[[], bool]) -> None:
         time.sleep(min(0.01, max(0.0, until - time.perf_counter())))
 
 
-def injected_delay(seconds: float, interrupted: Callable[[], bool] = _never) -> float:
-    """Sleep like a slow node. A hang (math.inf) never wakes, as a real one would not; a finite
-    delay ends early once `interrupted()`. Returns the delay."""
+def injected_delay(seconds: float, interrupted: Callable[[], bool] = _never,
+                   fall_silent: Callable[[], None] = lambda: None) -> float:
+    """Sleep like a slow node. A hang (math.inf) never wakes, as a frozen node would not, and says
+    nothing more (`fall_silent`: its heartbeats end, so rank 0 declares it lost); a finite delay
+    ends early once `interrupted()`. Returns the delay."""
     if seconds == math.inf:
         log.warning("injected hang: this worker stops responding now")
+        fall_silent()
         while True:
             time.sleep(3600)
     _sleep_until(time.perf_counter() + seconds, interrupted)
@@ -139,7 +142,7 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
         _put_on_wire(link, coded)
         took, real = pad_compute(began, len(losses), settings.compute_time, link.stop_requested)
         computed += len(losses)
-        slept = injected_delay(delays.delay(worker, step), link.stop_requested)
+        slept = injected_delay(delays.delay(worker, step), link.stop_requested, link.fall_silent)
         link.write_header(Message(step, worker, tuple(versions), loss=float(np.mean(losses)), compute_time=took,
                                   delay=slept, gradients=len(losses), real_compute_time=real))
         _send(link, faults, worker, step)
@@ -165,7 +168,7 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
         loss, grad = problem.loss_and_grad(link.model, part, scheme.draw_index(count, slot))
         _put_on_wire(link, grad)
         took, real = pad_compute(began, 1, settings.compute_time, link.stop_requested)
-        slept = injected_delay(delays.delay(worker, version, attempts), link.stop_requested)
+        slept = injected_delay(delays.delay(worker, version, attempts), link.stop_requested, link.fall_silent)
         link.write_header(Message(version, worker, (version,), partition=part, loss=loss, compute_time=took,
                                   delay=slept, real_compute_time=real))
         _send(link, faults, worker, version)

@@ -117,7 +117,7 @@ def test_training_job_survives_dying_workers(slurm, tmp_path, launcher):
     assert changes[-1]["workers"] == 2 and "n=2 workers" in logs and "starting it again at once" in logs
     if launcher == "srun":
         assert [(c["workers_before"], c["workers"]) for c in changes] == [(4, 2)]
-        assert "worker 0 (rank 1) has not answered" in logs and "cannot complete: it needs lost workers" in logs
+        assert "worker 0 (rank 1) has not been heard from" in logs and "cannot complete: it needs lost workers" in logs
         assert [e["worker"] for e in events_of(out, "worker_lost")] == [0, 1]
     else:
         assert [(c["workers_before"], c["workers"]) for c in changes] == [(4, 3), (3, 2)]

@@ -8,26 +8,31 @@ from pgc_mpi.core.faults import Fault, for_start
 from pgc_mpi.runtime.lost import LostWorkers
 
 
-def test_a_worker_silent_past_lost_after_is_declared_once_and_named_in_the_metrics():
+def test_a_worker_silent_past_lost_after_is_declared_once_and_back_once_heard_again():
     gone = LostWorkers(3, 0.05, [[0, 1], [1, 2], [2, 0]], first_rank=1)
     events = []
-    for worker in range(3):
-        gone.sent(worker)
-    gone.answered(0)
-    gone.answered(2)
-    gone.declare(7, events.append)
+    now = time.monotonic()
+    heard = [now, now, now]
+    gone.declare(7, heard, events.append)
     assert gone.lost == {} and events == []  # not silent for long enough yet
     time.sleep(0.06)
-    gone.declare(8, events.append)
-    gone.declare(9, events.append)
+    heard[0] = heard[2] = time.monotonic()  # heartbeats from workers 0 and 2: worker 1 is silent
+    gone.declare(8, heard, events.append)
+    gone.declare(9, heard, events.append)
     assert gone.lost == {1: 8}
     assert [(e["event"], e["worker"], e["rank"], e["step"]) for e in events] == [("worker_lost", 1, 2, 8)]
+    heard[1] = time.monotonic() + 1e-6  # a frozen worker continued: heard again
+    gone.declare(12, heard, events.append)
+    assert gone.lost == {}
+    assert (events[-1]["event"], events[-1]["worker"], events[-1]["lost_at"]) == ("worker_back", 1, 8)
+    gone.declare(13, heard, events.append)
+    assert len(events) == 2  # heard again once: back once
 
 
 def test_a_step_is_stuck_only_when_everything_it_waits_for_is_lost():
     placement = [[0, 1], [1, 2], [2, 0]]
     gone = LostWorkers(3, None, placement, first_rank=1)
-    gone.declare(0, None)  # no --lost-after: nobody is ever declared
+    gone.declare(0, [0.0, 0.0, 0.0], None)  # no --lost-after: nobody is ever declared
     assert gone.lost == {}
     gone.lost = {1: 5}
     assert gone.stuck([1], "workers") and not gone.stuck([1, 2], "workers") and not gone.stuck([], "workers")
