@@ -104,8 +104,9 @@ _HELP = {
     "out": "output directory for config.json and metrics.jsonl",
     "dtype": f"{' or '.join(DTYPE_NAMES)} for parameters, gradients and messages",
     "grace": "seconds to wait for workers to stop at the end before abandoning hung ones",
-    "lost_after": "seconds a worker may keep a model without answering before it is declared lost (its process "
-                  "or node gone: a worker_lost event); coded schemes go on without it, and a step that needs a "
+    "lost_after": "seconds without a heartbeat or message from a worker before it is declared lost (its process "
+                  "or node gone or frozen: a worker_lost event; a slow worker keeps sending heartbeats, and one "
+                  "heard again comes back: worker_back); coded schemes go on without it, and a step that needs a "
                   "lost worker (dgd, more than s lost) ends the run with a checkpoint and exit status 5, to be "
                   "resumed on the workers that are left",
     "poll_interval": "longest sleep in seconds between two polls of pending messages (sleeps start at 50 µs, double)",
@@ -118,6 +119,9 @@ _HELP = {
     "resume": "continue a run: 'auto' (from the newest checkpoint in --out if there is one, else start afresh), "
               "'latest' (the newest checkpoint in --out; an error if none) or a checkpoint file; the folder's "
               "config.json must describe the same run",
+    "resume_other_data": "let --resume continue the run on other data than it was trained on (otherwise refused: "
+                         "config.json records a fingerprint of the training and test data); the change is recorded "
+                         "in config.json's data_changes",
     "overwrite": "delete the outputs of the run already in --out before starting (without it, and without "
                  "--resume, a folder holding a run is refused)",
     "log_interval": "seconds between two progress lines in the log (a live one-line display instead on a terminal)",

@@ -94,6 +94,7 @@ class TrainConfig(CoreConfig):
     checkpoint_every: int | None = None
     keep_checkpoints: int = 3
     resume: str | None = None
+    resume_other_data: bool = False
     record_params: bool = False
     verify_data: bool = True
     memory_check: bool = True

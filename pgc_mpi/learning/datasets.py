@@ -45,6 +45,13 @@ class ArraySource:
         """A whole split ('train' or 'test')."""
         return self._train if split == "train" else self._test
 
+    def fingerprint(self) -> dict[str, str | None]:
+        """The fingerprints of the training and test arrays (pgc_mpi.learning.fingerprint; test None when empty)."""
+        from .fingerprint import arrays_fingerprint
+
+        return {"train": arrays_fingerprint(self._train),
+                "test": arrays_fingerprint(self._test) if len(self._test[1]) else None}
+
 
 class H5Source:
     """A data file in pgc-mpi's HDF5 layout, opened read-only and checked (h5check.py): its

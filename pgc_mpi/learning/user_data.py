@@ -138,6 +138,14 @@ class DatasetSource:
             return x[:0], y[:0]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
+    def fingerprint(self) -> dict[str, str | None]:
+        """The fingerprints of the training and test Datasets (pgc_mpi.learning.fingerprint: their lengths and
+        a fixed sample of their items; test None without one)."""
+        from .fingerprint import dataset_fingerprint
+
+        return {"train": dataset_fingerprint(self._train, "train_data"),
+                "test": dataset_fingerprint(self._test, "test_data") if self._test is not None else None}
+
     def count_classes(self) -> int:
         """Classes 0..K-1 of a classification set without `classes`: one pass over every label."""
         y = torch.cat([self.read_split("train")[1]] + ([self.read_split("test")[1]] if self._test is not None else []))

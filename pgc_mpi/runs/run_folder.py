@@ -7,6 +7,8 @@ output folder (`--out`). Before anything is written, rank 0 decides what the fol
   as a batch script's log): the run starts there;
 - a folder holding a run: refused, unless `--resume` continues that run (its config.json must
   describe the same run: `differences`) or `--overwrite` deletes its outputs first (`clear`);
+- a resume on other data than the run's (config.json's `data_fingerprint`) is refused once the
+  data are loaded (`check_same_data`), unless `--resume-other-data` accepts them on purpose;
 - `--resume auto`: the newest checkpoint of the run in the folder if it has one; otherwise the
   run starts afresh there (a run killed before its first checkpoint restarts from step 0, its
   partial outputs replaced), so a batch script can pass it on its first submission and after
@@ -44,6 +46,8 @@ MAY_CHANGE_ON_RESUME = frozenset({
     # the number of workers, too: a run resumes on the workers it has (an elastic restart after
     # lost workers; the placement is rebuilt for the new n: pgc_mpi.runs.checkpoint.load)
     "workers",
+    # whether a resume may continue on other data than the run's: see check_same_data
+    "resume_other_data",
 })
 
 
@@ -90,6 +94,40 @@ def _check_same_run(cfg: TrainConfig, workers: int, out: Path) -> None:
     if diff:
         raise ConfigError(f"--resume {cfg.resume}: {out}/config.json describes another run: {'; '.join(diff)}; "
                           f"resume with the same options, or use another --out (or --overwrite to replace it)")
+
+
+def data_differences(recorded: dict[str, Any] | None, fingerprint: dict[str, str | None] | None) -> list[str]:
+    """The splits ('training', 'test') whose data differ from those a config.json recorded
+    (`data_fingerprint`, pgc_mpi.learning.fingerprint). Unknown is no difference: a config.json
+    written before fingerprints were recorded, or data without one (an HDF5 file, a synthetic
+    problem), so that such runs still resume."""
+    theirs = (recorded or {}).get("data_fingerprint")
+    if not theirs or fingerprint is None:
+        return []
+    return [word for split, word in (("train", "training"), ("test", "test"))
+            if split in theirs and theirs[split] != fingerprint.get(split)]
+
+
+def check_same_data(cfg: TrainConfig, problem: Any) -> None:
+    """Rank 0, on a resume, once its problem is built and before the checkpoint is loaded: ConfigError
+    when the problem's data differ from those of the run in --out (its config.json), unless
+    `resume_other_data` accepts them on purpose (open_outputs then records the change in config.json).
+    The options alone cannot tell: they name a fit's arrays only as "arrays", a Dataset by its class."""
+    from ..learning.fingerprint import describe, problem_fingerprint
+
+    out = Path(cfg.out)
+    if not cfg.resume or cfg.resume_other_data:
+        return
+    mine = problem_fingerprint(problem)
+    recorded = _recorded(out)
+    changed = data_differences(recorded, mine)
+    if changed:
+        theirs = recorded["data_fingerprint"]
+        split = "train" if "training" in changed else "test"
+        raise ConfigError(f"--resume {cfg.resume}: this run's {' and '.join(changed)} data differ from those of the "
+                          f"run in {out} (fingerprint {describe(mine.get(split))}, its config.json's "
+                          f"{describe(theirs.get(split))}): resume on the same data (seed what draws it, load the same "
+                          f"files), or accept this data on purpose with resume_other_data=True (--resume-other-data)")
 
 
 def plan(cfg: TrainConfig, workers: int) -> TrainConfig:

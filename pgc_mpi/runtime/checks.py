@@ -1,5 +1,6 @@
 """Start-up checks that every rank takes part in (collectives), each ending in one line from rank
-0 and the same verdict on every rank: the same model everywhere, and enough memory for it."""
+0 and the same verdict on every rank: the same data and the same model everywhere, and enough
+memory for it."""
 
 from __future__ import annotations
 
@@ -20,6 +21,49 @@ def one_line(exc: BaseException) -> str:
     """An exception as one line: its type, and its message's first line."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def same_problem(comm, problem, prog: str) -> bool:
+    """Whether every rank holds the same training data (same_data), then the same model (same_model); a
+    collective, the same verdict on every rank. The data first: data that differ can make models differ
+    (their number of classes), and the data are then the thing to fix."""
+    return same_data(comm, problem, prog) and same_model(comm, problem, prog)
+
+
+def same_data(comm, problem, prog: str) -> bool:
+    """Whether every rank that built a problem holds the training data rank 0 holds (their fingerprints,
+    pgc_mpi.learning.fingerprint; a collective). Exact decoding needs every holder of a partition to
+    compute on the same rows: data drawn without a seed differ on every rank, and the decoded
+    gradient is then silently wrong. Rank 0 names the ranks that differ, in one line, otherwise; a
+    rank whose Dataset cannot be read is named with its error. Only the training data are compared:
+    the workers never read the test data (rank 0 evaluates), which config.json records for resumes.
+    Ranks without a fingerprint (HDF5 files, checked when opened; synthetic problems; the other
+    servers) take no part in the comparison."""
+    from ..errors import PgcError
+    from ..learning.fingerprint import describe, problem_fingerprint
+
+    try:
+        found = problem_fingerprint(problem)
+        mine: tuple[str | None, str | None] = (found["train"] if found else None, None)
+    except PgcError as exc:  # a failing __getitem__: said by rank 0, and every rank stops
+        mine = (None, str(exc))
+    gathered = comm.gather(mine, root=0)
+    message = None
+    if comm.Get_rank() == 0:
+        failed = [(rank, error) for rank, (_, error) in enumerate(gathered) if error]
+        ours = gathered[0][0]
+        other = [rank for rank, (theirs, _) in enumerate(gathered) if ours and theirs and theirs != ours]
+        if failed:
+            message = f"{prog}: error: rank {failed[0][0]}: {failed[0][1]}"
+        elif other:
+            message = (f"{prog}: error: rank{'s' if len(other) > 1 else ''} {', '.join(map(str, other))} of "
+                       f"{len(gathered)} hold{'' if len(other) > 1 else 's'} other training data than rank 0 "
+                       f"(fingerprint {describe(gathered[other[0]][0])}, rank 0's {describe(ours)}): every rank "
+                       f"must hold the same data, or exact decoding computes a wrong gradient; seed what draws it "
+                       f"(np.random.default_rng(SEED), torch.manual_seed(SEED)) or load the same files on every rank")
+        if message:
+            say(message)
+    return comm.bcast(message, root=0) is None
 
 
 def same_model(comm, problem, prog: str) -> bool:

@@ -57,7 +57,11 @@ def fit(model: Any = None, train_data: Any = None, *, loss: Callable | str | Non
         floating-point targets regression) or map-style torch Datasets giving `(x, y)` pairs,
         batched by `collate_fn` (torch's default_collate). None: the `dataset` option (a
         built-in name, an HDF5 file or PATH:NAME). Without test data, evaluations use the
-        training data only.
+        training data only. Every rank must give the same data (seeded, or read from the same
+        files): before training, the ranks compare fingerprints of their training data
+        (pgc_mpi.learning.fingerprint) and stop with exit status 2 where they differ; config.json
+        records the fingerprints, and a resume on other data is refused unless
+        `resume_other_data=True` accepts it on purpose.
     loss: a callable loss(output, target) -> scalar tensor, the mean over the minibatch (checked at
         start: a summed loss is refused); None: cross-entropy for integer labels, half the mean
         squared error for floating-point targets.

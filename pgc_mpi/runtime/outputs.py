@@ -57,16 +57,34 @@ def open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
                     resume.step, scheme.n, resume.workers_before,
                     " and encoding are" if scheme.kind == "coded" else " is", scheme.n, scheme.n,
                     ", pbs's table starts empty" if scheme.kind == "table" else "")
+    data, data_changes = _data_record(problem, recorded, resume, log)
     metrics = MetricsWriter(out, keep_steps_before=resume.step if resume else None)
     write_json(out / "config.json", {"config": cfg.to_dict(), "world_size": comm.Get_size(), "workers": scheme.n,
                                      **cfg.scheme_shape(scheme), "parameters": problem.dim,
                                      "resumed_from_step": resume.step if resume else None,
                                      "worker_changes": changes,
+                                     "data_fingerprint": data, "data_changes": data_changes,
                                      "provenance": provenance.with_earlier_starts(start, previous)})
     log.info("%s with n=%d workers%s, c=%d; %s (%d parameters, %s); output in %s", cfg.scheme, scheme.n,
              "" if cfg.scheme in WAIT_FOR_EVERY_WORKER else f", s={scheme.s}", scheme.c, cfg.describe_problem(),
              problem.dim, cfg.dtype, out)
     return out, metrics, Progress(cfg.steps, cfg.log_interval, log)
+
+
+def _data_record(problem, recorded: dict, resume, log) -> tuple[dict | None, list[dict]]:
+    """config.json's `data_fingerprint` (pgc_mpi.learning.fingerprint: what a resume must train on,
+    run_folder.check_same_data; None for an HDF5 file or a synthetic problem) and `data_changes`: the
+    earlier ones, and this resume's where --resume-other-data let it continue on other data."""
+    from ..learning.fingerprint import problem_fingerprint
+
+    data = problem_fingerprint(problem)
+    changes = list(recorded.get("data_changes", []))
+    before = recorded.get("data_fingerprint")
+    if resume is not None and before and data is not None and before != data:
+        changes.append({"step": resume.step, "data_fingerprint_before": before})
+        log.warning("resuming at step %d on other data than the run was trained on (resume_other_data): "
+                    "config.json records the change (data_changes)", resume.step)
+    return data, changes
 
 
 # The summary's status of a run that a callback stopped (early stopping...): finished, not to be

@@ -36,11 +36,12 @@ from ..runs.metrics import MetricsWriter, configure_logging, make_log_dir, setup
 from . import provenance, shm, signals
 from .checks import memory_fits, one_line, problem_size, same_problem, say
 from .devices import DevicePlan, cuda_aware_mpi, select_device
+from .heartbeat import heartbeat_interval
 from .links import FollowerLink, LeaderLink
 from .outputs import close_outputs, open_outputs, record_failure
 from .recipe import RecipeObjects, initial_update, run_callbacks, start_callbacks
 from .servers import shard_bounds
-from .transport import MasterTransport, WorkerTransport, abort, duplicate_world, heartbeat_interval, wait_for_all
+from .transport import MasterTransport, WorkerTransport, abort, duplicate_world, wait_for_all
 from .worker import WorkerSettings, run_worker
 
 # Exit status of a run that stopped because training produced NaN or Inf (see Master._update).

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import threading
 import time
 from typing import NoReturn
 
@@ -29,17 +28,10 @@ from mpi4py import MPI
 
 from ..core.message import MODEL_HEADER, Layout
 from ..core.wire import WireFormat, wire_format
+from .heartbeat import Heartbeat, Listener
 
 TAG_MODEL, TAG_GRAD, TAG_STOP, TAG_BYE = 101, 102, 103, 104
-# 105..114: the control links of pgc_mpi.runtime.links
-TAG_ALIVE = 115  # a worker's heartbeat to rank 0 (pgc_mpi.runtime.lost)
-
-
-def heartbeat_interval(lost_after: float) -> float:
-    """Seconds between a worker's heartbeats for a master that declares a worker lost after
-    `lost_after` seconds of silence: four beats in that time (a beat late by a scheduling hiccup
-    is not a death), and at least one a second (a death is noticed within a second of lost_after)."""
-    return min(1.0, lost_after / 4)
+# 105..114: the control links of pgc_mpi.runtime.links; 115: heartbeats (pgc_mpi.runtime.heartbeat)
 
 
 class Backoff:
@@ -145,9 +137,7 @@ class MasterTransport:
         # polled: the lost workers' clock (pgc_mpi.runtime.lost) and shutdown's test of life
         self.heard = [time.monotonic()] * n
         self._last_poll = time.monotonic()
-        self._beats = np.zeros((n, 1), dtype=np.int64)  # each worker's newest heartbeat (its content is unused)
-        self._beat_reqs: list[MPI.Request] = [MPI.REQUEST_NULL] * n
-        self._listening = False
+        self.beats: Listener | None = None  # rank 0's receives of the heartbeats (listen_for_heartbeats)
 
     def gradient(self, worker: int) -> np.ndarray:
         """The payload of `worker`'s message in the run's dtype: the receive buffer itself, or, with a
@@ -168,31 +158,7 @@ class MasterTransport:
         """Receive the workers' heartbeats from now on (rank 0, which declares workers lost): every
         poll takes them, and the silence of a worker counts from now."""
         self.heard = [time.monotonic()] * self.n
-        self._listening = True
-        for worker in range(self.n):
-            self._post_beat(worker)
-
-    def _post_beat(self, worker: int) -> None:
-        self._beat_reqs[worker] = self.comm.Irecv([self._beats[worker], MPI.INT64_T],
-                                                  source=worker + self.first_worker, tag=TAG_ALIVE)
-
-    def _take_heartbeats(self, now: float) -> None:
-        """Every heartbeat that has arrived: its worker is heard from now. A worker keeps one beat in
-        flight (a synchronous send), so after a long pause of the master (an evaluation) one pass
-        takes them all."""
-        if not self._listening:
-            return
-        for i in MPI.Request.Testsome(self._beat_reqs) or []:
-            self.heard[i] = now
-            self._post_beat(i)
-
-    def _stop_listening(self, worker: int) -> None:
-        """Withdraw the heartbeat receive of a worker that confirmed its stop (its beats have ended)."""
-        req = self._beat_reqs[worker]
-        if req != MPI.REQUEST_NULL:
-            req.Cancel()
-            req.Wait()
-            self._beat_reqs[worker] = MPI.REQUEST_NULL
+        self.beats = Listener(self.comm, self.n, self.first_worker)
 
     def poll(self, until: float) -> list[int]:
         """Workers whose gradient has arrived, waiting at most until time.monotonic() == until."""
@@ -226,7 +192,9 @@ class MasterTransport:
         by_source = {st.Get_source(): st for st in self._statuses if st.Get_source() >= self.first_worker}
         good = []
         now = time.monotonic()
-        self._take_heartbeats(now)
+        if self.beats is not None:
+            for i in self.beats.arrived():
+                self.heard[i] = now
         for i in done:
             self.heard[i] = now
             st = by_source.get(i + self.first_worker)
@@ -296,7 +264,8 @@ class MasterTransport:
                 if self._reqs[w] != MPI.REQUEST_NULL:  # it will send nothing more: withdraw the receive
                     self._reqs[w].Cancel()
                     self._reqs[w].Wait()
-                self._stop_listening(w)
+                if self.beats is not None:  # its beats ended before its goodbye
+                    self.beats.stop(w)
             if len(confirmed) < len(alive):
                 _sleep_until(self.poll_interval, until)
         return sorted(set(range(self.n)) - confirmed)
@@ -305,40 +274,6 @@ class MasterTransport:
         """Discard gradients that arrive while stopping (well-formed or not), keeping a receive ready."""
         for w in self._completed():
             self.post(w)
-
-
-class Heartbeat:
-    """A worker's sign of life to rank 0, sent every `interval` seconds from a thread of its own,
-    whatever the worker is doing (a computation of any length, an injected delay, waiting for a
-    model), so that rank 0 tells a slow worker from a gone one (pgc_mpi.runtime.lost). One beat is
-    in flight at a time, sent synchronously (complete once rank 0 has taken it): a master busy for
-    minutes then finds one beat per worker waiting, not a queue. The thread only wakes, tests a
-    request and sends 8 bytes: it takes the GIL for microseconds a second (its cost on a step is
-    measured in docs/BENCHMARKS.md)."""
-
-    def __init__(self, comm: MPI.Comm, interval: float, poll_interval: float, master: int = 0):
-        self.comm, self.interval, self.poll_interval, self.master = comm, interval, poll_interval, master
-        self._buf = np.zeros(1, dtype=np.int64)
-        self._req = MPI.REQUEST_NULL
-        self._quiet = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="pgc-heartbeat", daemon=True)
-        self._thread.start()
-
-    def _beat(self) -> None:
-        while not self._quiet.wait(self.interval):
-            if self._req.Test():  # the previous beat has been taken (or there is none)
-                self._req = self.comm.Issend([self._buf, MPI.INT64_T], dest=self.master, tag=TAG_ALIVE)
-
-    def fall_silent(self) -> None:
-        """Send no more beats (an injected hang: this worker acts as a frozen node)."""
-        self._quiet.set()
-
-    def stop(self) -> None:
-        """End the beats before this worker's goodbye; the last one is taken first (rank 0 takes beats
-        until the goodbye arrives), so none is left unmatched."""
-        self._quiet.set()
-        self._thread.join()
-        _wait([self._req], self.poll_interval)
 
 
 class WorkerTransport:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -77,6 +78,44 @@ def test_resuming_another_run_names_the_differing_options(tmp_path):
     (tmp_path / "config.json").unlink()
     with pytest.raises(ConfigError, match="no config.json to check them against; use --overwrite"):
         run_folder.plan(TrainConfig(out=str(tmp_path), resume="auto"), 3)
+
+
+def _with_data(train: str | None, test: str | None = None):
+    """A stand-in problem whose data source has the given fingerprints."""
+    fingerprint = {"train": train, "test": test}
+    return SimpleNamespace(source=SimpleNamespace(fingerprint=lambda: fingerprint))
+
+
+def test_a_resume_on_other_data_is_refused_unless_accepted(tmp_path):
+    cfg = TrainConfig(out=str(tmp_path), resume="latest")
+    _write_run(tmp_path, cfg, checkpoints=(10,))
+    run_folder.check_same_data(cfg, _with_data("blake2b:aa"))  # a folder from before fingerprints: unknown, resumed
+    recorded = json.loads((tmp_path / "config.json").read_text())
+    recorded["data_fingerprint"] = {"train": "blake2b:aa", "test": None}
+    (tmp_path / "config.json").write_text(json.dumps(recorded))
+    run_folder.check_same_data(cfg, _with_data("blake2b:aa"))
+    run_folder.check_same_data(cfg, None)  # no data to fingerprint (an HDF5 file, a synthetic problem)
+    with pytest.raises(ConfigError, match=r"--resume latest: this run's training data differ from those of the run in "
+                                          r".* \(fingerprint bb, its config.json's aa\): resume on the same data .* "
+                                          r"resume_other_data=True \(--resume-other-data\)"):
+        run_folder.check_same_data(cfg, _with_data("blake2b:bb"))
+    with pytest.raises(ConfigError, match="this run's training and test data differ"):
+        run_folder.check_same_data(cfg, _with_data("blake2b:bb", "blake2b:cc"))
+    run_folder.check_same_data(TrainConfig(out=str(tmp_path), resume="latest", resume_other_data=True),
+                               _with_data("blake2b:bb"))
+    run_folder.check_same_data(TrainConfig(out=str(tmp_path)), _with_data("blake2b:bb"))  # no resume: no check
+    # the opt-in is no other run's option: accepted whether the folder's run had it or not
+    assert run_folder.plan(TrainConfig(out=str(tmp_path), resume="auto", resume_other_data=True), 3).resume == "latest"
+
+
+def test_data_differences_treat_unknown_as_the_same():
+    theirs = {"data_fingerprint": {"train": "a", "test": "b"}}
+    assert run_folder.data_differences(theirs, {"train": "a", "test": "b"}) == []
+    assert run_folder.data_differences(theirs, {"train": "a", "test": None}) == ["test"]
+    assert run_folder.data_differences({"data_fingerprint": None}, {"train": "x", "test": None}) == []
+    assert run_folder.data_differences({}, {"train": "x", "test": None}) == []
+    assert run_folder.data_differences(None, {"train": "x", "test": None}) == []
+    assert run_folder.data_differences(theirs, None) == []
 
 
 def test_resume_and_overwrite_exclude_each_other():
