@@ -71,6 +71,8 @@ class Message:
     delay: float = 0.0
     gradients: int = 1
     real_compute_time: float = math.nan  # nan where nothing real was computed (the simulator)
+    # Not on the wire: the receiver's own measure (MessageRecord.turnaround), set before the record
+    turnaround: float = math.nan
 
     def write(self, header: np.ndarray) -> None:
         """Fill a header view (from Layout.split) with this message's fields."""
@@ -87,7 +89,7 @@ class Message:
     def record(self, verdict: str) -> MessageRecord:
         """What the metrics keep of this message, with the master's verdict on it."""
         return MessageRecord(self.worker, self.step, self.delay, self.compute_time, self.gradients, verdict,
-                             self.real_compute_time)
+                             self.real_compute_time, self.turnaround)
 
 
 class _RecordFields(NamedTuple):
@@ -98,6 +100,7 @@ class _RecordFields(NamedTuple):
     gradients: int
     verdict: str
     real_compute_time: float = math.nan
+    turnaround: float = math.nan
 
 
 class MessageRecord(_RecordFields):
@@ -108,16 +111,23 @@ class MessageRecord(_RecordFields):
     `rejected` (malformed or non-finite: step, delay and compute time are then unknown).
     compute_time is the time the worker spent on the message's gradients, at least
     --compute-time per gradient when a cluster's compute is emulated; real_compute_time is the
-    part spent computing (nan in the simulator and in records written before it existed)."""
+    part spent computing (nan in the simulator and in records written before it existed).
+    turnaround is the master's own measure: seconds from its send of the model the message was
+    computed at (its `step`) to the message's arrival (when the master took it in), so
+    turnaround - compute_time is what the worker took beyond its computation: injected delay,
+    communication, any hold-up (pgc_mpi.runs.delays). In the simulator: simulated seconds from
+    the model reaching the worker to the master taking the message in. nan where unknown:
+    rejected messages, ddp, and records written before it existed."""
 
     __slots__ = ()
 
     @classmethod
     def _make(cls, iterable) -> MessageRecord:  # type: ignore[override]
-        """A record from its JSON list; lists written before real_compute_time existed get nan."""
+        """A record from its JSON list; lists written before real_compute_time or turnaround existed
+        (6 or 7 values) get nan for the fields they lack."""
         values = list(iterable)
-        if len(values) == len(cls._fields) - 1:
-            values.append(math.nan)
+        if len(cls._fields) - 2 <= len(values) < len(cls._fields):
+            values += [math.nan] * (len(cls._fields) - len(values))
         return tuple.__new__(cls, values) if len(values) == len(cls._fields) else super()._make(values)
 
     @classmethod

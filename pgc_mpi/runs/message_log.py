@@ -9,21 +9,26 @@ one compressed block, and returns the record for metrics.jsonl: its fixed-size f
 `n_messages`, `n_arrivals` and `n_used`. `read_steps` puts them back.
 
 The file is a sequence of blocks, one per step record, in step order. A block is a 32-byte
-header (little-endian, `HEADER`): magic b"PGCm", format version (1), which of the record's keys
+header (little-endian, `HEADER`): magic b"PGCm", format version (2; blocks of format 1, written
+before turnaround was recorded, still read: their turnarounds are None), which of the record's keys
 the block holds (bit i: `MOVED[i]`), c (buffer versions per message: each block says its own),
 the record's step (int64), rows (its messages), ages (pbs: n; else 0), the length and the CRC-32
 of the compressed body; then the body, zlib-compressed (level `LEVEL`) columns one after the
 other, `rows` values each unless said (`COLUMNS`):
 
 - worker (int32), back (int32: the record's step minus the message's step);
-- delay, compute_time, real_compute_time: int64 nanoseconds (`NAN_NS` for NaN, `INF_NS` for
-  infinity), byte-shuffled. Read back as seconds they are the original to the nanosecond, and
-  exactly the original when it had at most 9 decimals (a --delay or --compute-time given in the
-  flags). A trace replays delays (results.realized_delays): a nanosecond is far below what a
-  sleep can tell apart, and float64's random low bits would make pbs's file half as large
-  again (over 100 MB at 1,000 workers and 5,000 steps);
+- delay, compute_time, real_compute_time, turnaround (format 2 only): int64 nanoseconds
+  (`NAN_NS` for NaN, `INF_NS` for infinity), byte-shuffled. Read back as seconds they are the
+  original to the nanosecond, and exactly the original when it had at most 9 decimals (a
+  --delay or --compute-time given in the flags). A trace replays delays
+  (results.realized_delays): a nanosecond is far below what a sleep can tell apart, and
+  float64's random low bits would make pbs's file half as large again (over 100 MB at 1,000
+  workers and 5,000 steps). The turnaround column holds the nanoseconds the turnaround has
+  beyond delay + compute_time (which it mostly is: the rest is the communication, a few bytes
+  to store in a run and none in the simulator), or, in the rows flagged `WHOLE` (a delay or
+  compute time that is not a finite time), the turnaround itself;
 - gradients (int32), verdict (uint8: index in `VERDICTS`), flags (uint8: `ARRIVED`, `USED`,
-  `REJECTED`);
+  `REJECTED`, `WHOLE`);
 - then the versions of the ARRIVED rows ([arrived, c] int32: the record's step minus each
   version) and the ages (int32).
 
@@ -61,20 +66,25 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..core.message import MessageRecord
 from ..errors import WriteError, write_failure
 
 NAME = "messages.bin"
 MAGIC = b"PGCm"
-FORMAT = 1
+FORMAT = 2
+FORMATS = (1, 2)  # the block formats the reader takes: 1 has no turnaround column
 # magic, format, moved keys (bits), c, step, rows, ages, compressed length, CRC-32 of the compressed bytes
 HEADER = struct.Struct("<4sBBHqIIII")
 LEVEL = 1  # zlib level: levels 6 and 9 save under 2 % on these columns, at several times the time
 MOVED = ("messages", "arrivals", "used", "rejected", "versions", "ages")  # bit i of the header's field
 VERDICTS = ("used", "accepted", "late", "stale", "rejected")  # MessageRecord.verdict, by code
-ARRIVED, USED, REJECTED = 1, 2, 4  # row flags
+ARRIVED, USED, REJECTED, WHOLE = 1, 2, 4, 8  # row flags (WHOLE: the turnaround column holds it whole)
 COLUMNS = (("worker", "<i4"), ("back", "<i4"), ("delay", "<i8"), ("compute_time", "<i8"),
-           ("real_compute_time", "<i8"), ("gradients", "<i4"), ("verdict", "u1"), ("flags", "u1"))
-TIMES = ("delay", "compute_time", "real_compute_time")  # in nanoseconds, byte-shuffled
+           ("real_compute_time", "<i8"), ("turnaround", "<i8"), ("gradients", "<i4"), ("verdict", "u1"),
+           ("flags", "u1"))
+COLUMNS_OF = {2: COLUMNS, 1: tuple(c for c in COLUMNS if c[0] != "turnaround")}  # by block format
+TIMES = ("delay", "compute_time", "real_compute_time", "turnaround")  # in nanoseconds, byte-shuffled
+FIELDS = len(MessageRecord._fields)  # a message's JSON list: MessageRecord's fields in order
 NAN_NS, INF_NS = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 _CODES = {verdict: code for code, verdict in enumerate(VERDICTS)}
 _BIT = {key: 1 << i for i, key in enumerate(MOVED)}
@@ -95,6 +105,18 @@ def _seconds(ns: np.ndarray) -> list[float | None]:
     for i in special.tolist():
         values[i] = None
     return values
+
+
+def _relative(turnaround: np.ndarray, delay: np.ndarray, compute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the turnaround column, its WHOLE rows): nanoseconds beyond delay + compute_time where all
+    three are finite times (small enough not to overflow), the turnaround itself elsewhere."""
+    def small(ns: np.ndarray) -> np.ndarray:
+        return (ns > -2**61) & (ns < 2**61)  # excludes NAN_NS, INF_NS and NAN_NS + 1
+
+    relative = small(turnaround) & small(delay) & small(compute)
+    column = turnaround.copy()
+    column[relative] -= delay[relative] + compute[relative]
+    return column, ~relative
 
 
 def _shuffle(column: np.ndarray) -> bytes:
@@ -131,10 +153,9 @@ def pack(record: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
     if messages is None:
         return record, None
     step, rows = int(record["step"]), len(messages)
-    full = len(VERDICTS) + 2  # MessageRecord's fields
-    fields = list(zip(*messages)) or [()] * full
-    if len(fields) != full:  # records written before real_compute_time existed
-        fields = list(zip(*(m if len(m) == full else (*m, math.nan) for m in messages)))
+    fields = list(zip(*messages)) or [()] * FIELDS
+    if len(fields) != FIELDS:  # records written before real_compute_time or turnaround existed
+        fields = list(zip(*((*m, *[math.nan] * (FIELDS - len(m))) for m in messages)))
     workers = np.asarray(fields[0], dtype=np.int64)
     verdict = np.asarray(list(map(_CODES.__getitem__, fields[5])), dtype=np.uint8)
     stale = verdict == _CODES["stale"]
@@ -169,10 +190,12 @@ def pack(record: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
     if "ages" in record:
         ages = np.asarray(record["ages"], dtype=np.int64)
         moved.add("ages")
-    columns = {"worker": workers, "back": step - np.asarray(fields[1], dtype=np.int64),
-               "delay": _nanoseconds(fields[2]), "compute_time": _nanoseconds(fields[3]),
-               "real_compute_time": _nanoseconds(fields[6]), "gradients": fields[4], "verdict": verdict,
-               "flags": flags}
+    delay, compute = _nanoseconds(fields[2]), _nanoseconds(fields[3])
+    turnaround, whole = _relative(_nanoseconds(fields[7]), delay, compute)
+    flags[whole] |= WHOLE
+    columns = {"worker": workers, "back": step - np.asarray(fields[1], dtype=np.int64), "delay": delay,
+               "compute_time": compute, "real_compute_time": _nanoseconds(fields[6]), "turnaround": turnaround,
+               "gradients": fields[4], "verdict": verdict, "flags": flags}
     parts = []
     for name, code in COLUMNS:
         column = np.asarray(columns[name]).astype(code, copy=False)
@@ -200,11 +223,12 @@ class Block:
     rows: int
     ages: int
     body: bytes
+    format: int = FORMAT
 
     def lists(self) -> dict[str, Any]:
         """The record's lists this block holds, in their JSON form."""
         data, at, cols = zlib.decompress(self.body), 0, {}
-        for name, code in COLUMNS:
+        for name, code in COLUMNS_OF[self.format]:
             dtype = np.dtype(code)
             chunk = data[at:at + dtype.itemsize * self.rows]
             cols[name] = _unshuffle(chunk, dtype, self.rows) if name in TIMES else np.frombuffer(chunk, dtype)
@@ -218,10 +242,15 @@ class Block:
         out: dict[str, Any] = {}
         if self.moved & _BIT["messages"]:
             steps = (self.step - cols["back"].astype(np.int64)).tolist()
-            delay, compute, real = (_seconds(cols[name]) for name in TIMES)
+            delay, compute, real = (_seconds(cols[name]) for name in TIMES[:3])
+            turnaround = [None] * self.rows  # format 1: not recorded
+            if "turnaround" in cols:
+                ns, relative = cols["turnaround"].copy(), flags & WHOLE == 0
+                ns[relative] += cols["delay"][relative] + cols["compute_time"][relative]
+                turnaround = _seconds(ns)
             verdicts = [VERDICTS[v] for v in cols["verdict"].tolist()]
             out["messages"] = [list(m) for m in zip(workers, steps, delay, compute, cols["gradients"].tolist(),
-                                                    verdicts, real)]
+                                                    verdicts, real, turnaround)]
         for key, flag in (("arrivals", ARRIVED), ("used", USED), ("rejected", REJECTED)):
             if self.moved & _BIT[key]:
                 out[key] = [workers[i] for i in np.flatnonzero(flags & flag).tolist()]
@@ -260,9 +289,9 @@ def _block_at(data: bytes, at: int) -> tuple[int, Block] | None:
         return None
     magic, fmt, moved, c, step, rows, ages, length, crc = HEADER.unpack_from(data, at)
     body = data[at + HEADER.size:at + HEADER.size + length]
-    if magic != MAGIC or fmt != FORMAT or len(body) != length or zlib.crc32(body) != crc:
+    if magic != MAGIC or fmt not in FORMATS or len(body) != length or zlib.crc32(body) != crc:
         return None
-    return at + HEADER.size + length, Block(moved, c, step, rows, ages, body)
+    return at + HEADER.size + length, Block(moved, c, step, rows, ages, body, fmt)
 
 
 def scan(path: Path) -> tuple[list[tuple[int, Block]], list[Damage]]:

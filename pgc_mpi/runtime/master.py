@@ -123,6 +123,7 @@ class Master:
         self.totals = RunTotals()
         self.sent = [-1] * self.n  # newest model version sent to each worker
         self.busy = [False] * self.n  # a model is out with the worker and its answer is not back
+        self.sent_at = [(-1, math.nan)] * self.n  # (step, time) of the last model sent: turnarounds start there
         self.gone = LostWorkers(self.n, settings.lost_after, scheme.placement, link.first_worker)
         self._started = time.monotonic()
         # the master's own work in the current step, in seconds per part (see _timed)
@@ -362,6 +363,7 @@ class Master:
         to it is back."""
         for i in range(self.n):
             if self.sent[i] < t and not self.busy[i] and not self.link.model_in_flight(i):
+                self.sent_at[i] = (t, time.monotonic())
                 self.link.send_model(i)
                 self.sent[i], self.busy[i] = t, True
                 if self.leads_arrivals:
@@ -369,8 +371,10 @@ class Master:
 
     def _receive(self, t: int, worker: int) -> None:
         """Judge one arrived message, offer it to the collector, and free its buffer unless held."""
-        self.busy[worker] = False
+        arrived, self.busy[worker] = time.monotonic(), False
         msg = Message.read(self.link.headers[worker])
+        step, sent = self.sent_at[worker]  # the model it answers: one is in flight per worker, the newest
+        msg.turnaround = arrived - sent if msg.step == step else math.nan  # else a fault: which send is unknown
         values = self.link.gradient(worker)  # widened to the run's dtype
         kind, why = self._fault(worker, msg, values)
         if self.leads_arrivals:

@@ -143,6 +143,7 @@ class SimWorkers:
         n = scheme.n
         self.busy = [False] * n
         self.until = [0.0] * n  # when each worker's current job ends (inf: it hangs)
+        self.given = [0.0] * n  # when the model of each worker's current job reached it (turnarounds start)
         self.versions = [[] if self.table else scheme.initial_versions() for _ in range(n)]
         self.count = [0] * n  # pbs: computations started per worker (its slot rotation)
         self.slots: list[tuple[int, ...]] = [()] * n  # coded: the slots each worker's current job computes
@@ -155,8 +156,11 @@ class SimWorkers:
         """When the first jobs can start: after the pipelined schemes' warm-up gradients."""
         return 0.0 if self.table else self.cfg.compute_time * len(self.scheme.warmup_slots(0))
 
-    def start(self, worker: int, version: int, at: float) -> None:
-        """Worker starts a job at model `version` at time `at`."""
+    def start(self, worker: int, version: int, at: float, given: float | None = None) -> None:
+        """Worker starts a job at model `version` at time `at`; it got that model at `given`
+        (default: `at`; earlier when warm-up gradients come first, as the MPI worker computes
+        them on receiving its first model)."""
+        self.given[worker] = at if given is None else given
         if self.table:
             attempt = self._attempts.get((worker, version), 0)
             self._attempts[(worker, version)] = attempt + 1
@@ -171,11 +175,11 @@ class SimWorkers:
         self.count[worker] += 1
         self.busy[worker] = True
 
-    def start_idle(self, version: int, at: float) -> None:
-        """Every worker without a job starts one at model `version`."""
+    def start_idle(self, version: int, at: float, given: float | None = None) -> None:
+        """Every worker without a job starts one at model `version` (given to it at `given`: start)."""
         for i in range(self.scheme.n):
             if not self.busy[i]:
-                self.start(i, version, at)
+                self.start(i, version, at, given)
 
     def next_time(self) -> float:
         """When the next job ends (inf when none will)."""
@@ -254,7 +258,7 @@ def simulate(cfg: SimConfig, problem: Problem | None = None, record_params: bool
     step_parts = cost.step_seconds(scheme.n, problem.dim) if cost else {}  # decode, update, send
     result = SimResult(cfg, trajectory=[w.copy()] if record_params else [])
     now, received, evaluated = 0.0, 0, False
-    workers.start_idle(0, workers.first_start())
+    workers.start_idle(0, workers.first_start(), given=0.0)
     for t in range(cfg.steps):
         began = now
         collector.begin(t)
@@ -354,6 +358,9 @@ def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers, no
     batch = []
     while workers.next_time() <= now:
         at, msg, payload, loss = workers.finish()
+        # as the MPI master measures it: from the model reaching the worker to the master taking the
+        # message in (now: later than `at` when the message waited for the master)
+        msg.turnaround = now - workers.given[msg.worker]
         collector.offer(msg, payload, loss)
         batch.append(msg)
     now += per_message * len(batch)

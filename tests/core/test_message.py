@@ -43,8 +43,17 @@ def test_every_scheme_s_message_carries_its_buffer_versions(name, versions):
 
 
 def test_a_record_is_a_json_list_read_back_by_name():
-    rec = Message(3, 1, (2, 3), compute_time=0.1, delay=0.2, gradients=1, real_compute_time=0.05).record("used")
+    rec = Message(3, 1, (2, 3), compute_time=0.1, delay=0.2, gradients=1, real_compute_time=0.05,
+                  turnaround=0.35).record("used")
     again = MessageRecord._make(json.loads(json.dumps(rec)))
-    assert again == rec and again.verdict == "used" and again.delay == 0.2
+    assert again == rec and again.verdict == "used" and again.delay == 0.2 and again.turnaround == 0.35
     bad = MessageRecord.rejected(4)
     assert bad.worker == 4 and bad.step == -1 and math.isnan(bad.delay) and bad.verdict == "rejected"
+
+
+def test_records_written_before_turnaround_or_real_compute_time_read_with_nan():
+    for old in ([3, 7, 0.1, 0.2, 1, "used"], [3, 7, 0.1, 0.2, 1, "used", 0.15]):
+        rec = MessageRecord._make(old)
+        assert rec[:len(old)] == tuple(old) and math.isnan(rec.turnaround)
+    assert MessageRecord(3, 7, 0.1, 0.2, 1, "used").turnaround != 0  # nan: unknown
+    assert Message(3, 1, (3,)).record("used")[-1] != Message(3, 1, (3,)).record("used")[-1]  # nan by default

@@ -8,11 +8,12 @@ import math
 import pytest
 
 from pgc_mpi.core.message import MessageRecord
-from pgc_mpi.runs.message_log import NAME, DetailLostWarning, blocks, pack, scan
+from pgc_mpi.runs.message_log import HEADER, NAME, DetailLostWarning, blocks, pack, scan
 from pgc_mpi.runs.metrics import MetricsWriter, _plain, read_metrics
 from pgc_mpi.runs.results import read_steps
 from pgc_mpi.runs.run_folder import OUTPUTS
 
+HEADER_SIZE = HEADER.size
 LISTS = ("messages", "arrivals", "used", "rejected", "versions", "ages")
 COUNTS = ("n_messages", "n_arrivals", "n_used")
 
@@ -29,7 +30,7 @@ def _same(got: dict, record: dict) -> None:
         {k: v for k, v in want.items() if k != "messages"}
     assert [m[:2] + m[4:6] for m in got["messages"]] == [m[:2] + m[4:6] for m in want["messages"]]
     for mine, theirs in zip(got["messages"], want["messages"], strict=True):
-        for k in (2, 3, 6):  # delay, compute_time, real_compute_time
+        for k in (2, 3, 6, 7):  # delay, compute_time, real_compute_time, turnaround
             assert (mine[k] is None) == (theirs[k] is None)
             assert mine[k] is None or mine[k] == pytest.approx(theirs[k], abs=0.51e-9)
     assert got["n_messages"] == len(record["messages"]) and got["n_used"] == len(record["used"])
@@ -67,9 +68,11 @@ def test_a_simulated_run_folder_reads_back_as_the_simulator_recorded_it(tmp_path
 
 def _coded_record() -> dict:
     """A coded step as CodedCollector.record builds it: late, over-stale, malformed, used and unused messages."""
-    messages = [MessageRecord(3, 6, 0.25, 0.5, 2, "late", 0.4), MessageRecord(1, 7, 0.0, 1e-3, 1, "used", 1e-4),
-                MessageRecord(2, 7, 1.5, 0.5, 1, "stale", math.nan), MessageRecord.rejected(0),
-                MessageRecord(0, 7, 3.0, 0.5, 1, "accepted", 0.2), MessageRecord(4, 7, 0.1, 0.5, 1, "used", 0.1)]
+    messages = [MessageRecord(3, 6, 0.25, 0.5, 2, "late", 0.4, 0.9),
+                MessageRecord(1, 7, 0.0, 1e-3, 1, "used", 1e-4, 0.0012345678912),
+                MessageRecord(2, 7, 1.5, 0.5, 1, "stale", math.nan, 2.0001), MessageRecord.rejected(0),
+                MessageRecord(0, 7, 3.0, 0.5, 1, "accepted", 0.2, math.nan),
+                MessageRecord(4, 7, 0.1, 0.5, 1, "used", 0.1, math.inf)]
     return {"step": 7, "wall_time": 1.0, "arrivals": [1, 0, 4], "used": [1, 4], "late": 1, "rejected": [2],
             "stale_rejected": 1, "messages": messages, "versions": {1: [7, 6], 0: [7, 5], 4: [7, 6]},
             "train_loss": 0.5}
@@ -96,9 +99,11 @@ def test_the_lists_come_back_exactly(tmp_path, record):
 def test_times_given_with_few_decimals_come_back_exactly_and_nan_as_none(tmp_path):
     _write(tmp_path, [_coded_record()])
     (got,) = read_steps(tmp_path)
-    assert got["messages"][0] == [3, 6, 0.25, 0.5, 2, "late", 0.4]
-    assert got["messages"][1][3:] == [1e-3, 1, "used", 1e-4]
-    assert got["messages"][2][6] is None and got["messages"][3] == [0, -1, None, None, 0, "rejected", None]
+    assert got["messages"][0] == [3, 6, 0.25, 0.5, 2, "late", 0.4, 0.9]
+    assert got["messages"][1][3:] == [1e-3, 1, "used", 1e-4, 0.001234568]  # the turnaround to the nanosecond
+    assert got["messages"][2][6] is None and got["messages"][2][7] == 2.0001
+    assert got["messages"][3] == [0, -1, None, None, 0, "rejected", None, None]
+    assert got["messages"][4][7] is None and got["messages"][5][7] is None  # nan, and inf as json.dumps gives it
 
 
 def test_a_list_the_flags_cannot_express_stays_in_the_json(tmp_path):
@@ -214,3 +219,45 @@ def test_step_records_in_json_do_not_grow_with_the_workers(tmp_path):
 
 def test_the_run_folder_knows_the_file():
     assert OUTPUTS[:2] == ("config.json", NAME)  # --overwrite clears it, a folder holding it holds a run
+
+
+def _format_1(block: bytes) -> bytes:
+    """A block as messages.bin's format 1 wrote it (before turnaround): the same block without
+    its turnaround column, its WHOLE flags and with format 1 in its header."""
+    import zlib
+
+    import numpy as np
+
+    from pgc_mpi.runs.message_log import COLUMNS, HEADER, WHOLE
+
+    magic, _, moved, c, step, rows, ages, _, _ = HEADER.unpack_from(block)
+    data = bytearray(zlib.decompress(block[HEADER.size:]))
+    at = 0
+    for name, code in COLUMNS:
+        size = np.dtype(code).itemsize * rows
+        if name == "turnaround":
+            del data[at:at + size]
+            continue
+        if name == "flags":
+            data[at:at + size] = bytes(f & ~WHOLE for f in data[at:at + size])
+        at += size
+    body = zlib.compress(bytes(data))
+    return HEADER.pack(magic, 1, moved, c, step, rows, ages, len(body), zlib.crc32(body)) + body
+
+
+@pytest.mark.parametrize("record", [_coded_record(), _pbs_record()], ids=["coded", "pbs"])
+def test_a_messages_bin_written_before_turnaround_still_reads(tmp_path, record):
+    """Format 1 blocks (pgc-mpi before turnaround was recorded) read back with every other field
+    as before and turnaround None; a file may mix both formats (a run resumed after an upgrade)."""
+    _write(tmp_path, [record, {**record, "step": record["step"] + 1}])
+    path = tmp_path / NAME
+    (_, first), (_, second) = blocks(path)
+    whole = path.read_bytes()
+    cut = HEADER_SIZE + len(first.body)
+    path.write_bytes(_format_1(whole[:cut]) + whole[cut:])
+    got = read_steps(tmp_path)
+    assert [b.format for _, b in blocks(path)] == [1, 2]
+    old = {**_json(record), "messages": [[*m[:7], None] for m in _json(record)["messages"]]}
+    _same(got[0], old)
+    _same(got[1], {**record, "step": record["step"] + 1})
+    assert all(math.isnan(MessageRecord._make(m).turnaround or math.nan) for m in got[0]["messages"])
