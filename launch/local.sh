@@ -9,7 +9,11 @@
 # killer, a segfault): hydra ends every rank, whatever the flag (status 9 or 128+signal), and the
 # newest periodic checkpoint is all there is (--checkpoint-every). Each way the run starts again
 # at once from its newest checkpoint (--resume auto) on the workers that are left (one fewer per
-# loss). So under this script SIGUSR1 means "a rank died": stop a run with Ctrl-C (SIGINT) or
+# loss), or on fewer when the scheme does not run on that many (pgc-fr with s = 1 needs a multiple
+# of c = 2: of 3 left it starts on 2 and leaves 1 out): the largest count that pgc-train's own
+# checks accept (python -m pgc_mpi.commands.restart_count). When none does (gc-cr with s = 2 on 2
+# workers), or the scheme is ddp (no checkpoints), it says why and exits with the run's status.
+# So under this script SIGUSR1 means "a rank died": stop a run with Ctrl-C (SIGINT) or
 # SIGTERM. Without --out the run goes to runs/local-<time>-<pid>.
 set -uo pipefail
 workers=${1:-}
@@ -21,6 +25,9 @@ shift
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-3600}
 say() { echo "$(date '+%Y-%m-%d %H:%M:%S') pgc: $*" >&2; }
+# The Python of the pgc-train that runs (its virtual environment's), for the restart count
+python=$(dirname -- "$(command -v pgc-train || echo .)")/python
+[ -x "$python" ] || python=python3
 out='' scheme='' previous=''
 for arg in "$@"; do  # the last --out and --scheme, as pgc-train reads them
   case $previous in --out) out=$arg ;; --scheme) scheme=$arg ;; esac
@@ -52,7 +59,25 @@ while :; do
     say "the run in $out lost $lost worker(s) ($status); not restarting it (ddp has no checkpoints, or no worker is left)"
     exit "$rc"
   fi
-  workers=$((workers - lost))
-  say "the run in $out lost $lost worker(s) ($status): starting it again at once on the $workers left"
   extra=(--out "$out" --no-overwrite --resume auto)
+  # The scheme may not run on every count (an FR scheme needs a multiple of c, s < n, a --fault
+  # names a worker id): pgc-train's parser and checks, given the next start's options exactly
+  # (a --config file's too), give the largest count of ranks that they accept, and why when it
+  # is fewer than are left (its second line); or, with status 1, why none is and what to run.
+  left=$((workers + 1 - lost))
+  answer=$("$python" -m pgc_mpi.commands.restart_count --ranks "$left" -- \
+             --threads "${OMP_NUM_THREADS}" "$@" "${extra[@]}")
+  counted=$?
+  case $counted in
+    0) { IFS= read -r ranks; IFS= read -r why; } <<<"$answer" ;;
+    1) say "the run in $out lost $lost worker(s) ($status); not restarting it: $answer"; exit "$rc" ;;
+    *) ranks=$left why=''  # it could not read the options (it said why): the start's pgc-train will too
+       say "the restart count could not be worked out (status $counted): starting on every rank left" ;;
+  esac
+  workers=$((ranks - 1))
+  if [ -n "$why" ]; then  # ("3 workers left, and pgc-fr ... does not run on 3 (...): starting it again on 2, ...")
+    say "the run in $out lost $lost worker(s) ($status); $why"
+  else
+    say "the run in $out lost $lost worker(s) ($status): starting it again at once on the $workers left"
+  fi
 done

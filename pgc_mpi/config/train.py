@@ -171,7 +171,7 @@ class TrainConfig(CoreConfig):
         if self.resume is not None and self.overwrite:
             raise ConfigError("--resume and --overwrite exclude each other: --resume continues the run in --out, "
                               "--overwrite deletes it")
-        parse_faults(self.fault, workers)
+        parse_faults(self.fault, workers, elastic=self.resume is not None)  # strict on a fresh start: _configure
         self._check_recipe()
         if self.scheme in PEER_SCHEMES:
             self._check_peer_options()

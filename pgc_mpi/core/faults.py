@@ -29,8 +29,10 @@ class Fault:
     step: int
 
 
-def parse_faults(spec: str | None, n: int) -> list[Fault]:
-    """The faults of a --fault spec (none for None or 'none')."""
+def parse_faults(spec: str | None, n: int, elastic: bool = False) -> list[Fault]:
+    """The faults of a --fault spec (none for None or 'none'). `elastic`: a resumed start, which may
+    have fewer workers than the run had (a restart after a death): a fault naming a worker it does
+    not have is dropped (that worker is gone), not an error; a fresh start refuses it (a typo)."""
     if not spec or spec == "none":
         return []
     faults = []
@@ -39,6 +41,8 @@ def parse_faults(spec: str | None, n: int) -> list[Fault]:
         worker, _, step = rest.partition("@")
         if kind not in KINDS or not worker.isdigit() or not step.isdigit():
             raise ConfigError(f"--fault {spec!r}: use {'|'.join(KINDS)}:W@STEP, joined with '+'")
+        if int(worker) >= n and elastic:
+            continue
         if int(worker) >= n:
             raise ConfigError(f"--fault {spec!r}: worker id {worker} is outside 0..{n - 1} "
                              f"(worker id = rank - 1, or rank - K with --servers K)")

@@ -97,7 +97,9 @@ def _configure(make_config: Callable[[], TrainConfig], ranks: int, prog: str) ->
     out = run_folder.resolve_out(cfg)
     lock = run_lock.acquire(out, prog)  # released by run_job when the run ends (or by abort)
     try:
-        return run_folder.plan(replace(cfg, out=str(out)), workers)
+        planned = run_folder.plan(replace(cfg, out=str(out)), workers)
+        parse_faults(planned.fault, workers, elastic=planned.resume is not None)  # --resume auto on a new folder
+        return planned
     except BaseException:
         lock.release()
         raise
@@ -267,7 +269,8 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
     header = gradient_header(buffers_per_message(scheme))
     if rank >= servers:
         layout = Layout(header, problem.dim, wire.storage)
-        settings = WorkerSettings(tuple(parse_faults(cfg.fault, n)), cfg.refresh_over(scheme), cfg.compute_time)
+        settings = WorkerSettings(tuple(parse_faults(cfg.fault, n, elastic=cfg.resume is not None)),
+                                  cfg.refresh_over(scheme), cfg.compute_time)
         link = WorkerTransport(comm, layout, cfg.poll_interval, wire, shard_bounds(problem.dim, servers)
                                if servers > 1 else None, heartbeat=heartbeat_interval(cfg.lost_after))
         computed = run_worker(rank - servers, scheme, problem, link, DelayModel(cfg.delay, n, seed=cfg.seed),

@@ -123,6 +123,27 @@ def test_training_job_survives_dying_workers(slurm, tmp_path, launcher):
         assert [(c["workers_before"], c["workers"]) for c in changes] == [(4, 3), (3, 2)]
 
 
+@pytest.mark.timeout(300)
+def test_training_job_starts_again_on_a_count_the_scheme_accepts(slurm, tmp_path):
+    """pgc-fr with s = 1 needs a multiple of c = 2 workers. Under mpiexec one of 4 workers dies
+    (hydra's SIGUSR1 stops the run): the script starts it again on 2 workers, 3 ranks, not on the
+    3 workers left, which pgc-train would refuse; every step is recorded once. (A small synthetic
+    problem with a delay that lets the SIGUSR1 come before the end.)"""
+    out = tmp_path / "run"
+    env = {**slurm, "PGC_LAUNCHER": "mpiexec", "PGC_OUT": str(out),
+           "PGC_ARGS": "--scheme pgc-fr -s 1 --problem quadratic --steps 300 --delay exp:0.01 --checkpoint-every 50 "
+                       "--fault die:1@100"}
+    proc = _sbatch(env, tmp_path, "--wait", "-n", "5", "--time=5", "--export=ALL", str(SLURM_DIR / "train.sbatch"),
+                   timeout=240)
+    logs = "".join(p.read_text() for p in tmp_path.glob("pgc-train-*.out"))
+    assert proc.returncode == 0, proc.stderr + logs
+    assert "3 workers left, and pgc-fr with s = 1 does not run on 3" in logs, logs[-6000:]
+    assert "starting it again on 2, leaving 1 out (3 ranks)" in logs and "start 2 " in logs, logs[-6000:]
+    assert [r["step"] for r in steps_of(out)] == list(range(300))
+    changes = json.loads((out / "config.json").read_text())["worker_changes"]
+    assert [(c["workers_before"], c["workers"]) for c in changes] == [(4, 2)]
+
+
 @pytest.mark.timeout(700)
 def test_sweep_array_and_gather(slurm, tmp_path):
     exp = tmp_path / "exp.toml"

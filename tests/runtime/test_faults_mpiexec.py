@@ -166,3 +166,40 @@ def test_local_sh_starts_a_run_that_lost_a_worker_again_on_the_workers_left(tmp_
     else:
         assert "the job ended with status" in proc.stderr and change[0]["step"] == 100
     assert [e["status"] for e in events_of(out, "summary")] == ["completed"]  # a resume cuts earlier summaries
+
+
+def test_local_sh_starts_again_on_a_count_the_scheme_accepts_or_says_why_none(tmp_path):
+    """pgc-fr with s = 1 needs a multiple of c = 2 workers: of 4, one dies and local.sh starts the
+    run again on 2 of the 3 left (not 3, which pgc-train would refuse), every step recorded once.
+    gc-cr with s = 2 needs more than 2: of 3, one dies, no count fits, and local.sh says why and
+    what to run instead in one line and exits with the run's status (3: stopped by SIGUSR1).
+    (The delay keeps each run going until hydra's SIGUSR1 tells it of the death: without a
+    restart, both schemes would ride it out to the end.)"""
+    from pathlib import Path
+
+    local = Path(__file__).resolve().parents[2] / "launch" / "local.sh"
+    common = ["--problem", "quadratic", "--steps", "300", "--delay", "exp:0.01", "--checkpoint-every", "50"]
+    out = tmp_path / "fr"
+    # worker 2 dies: the restart on 2 workers has no worker 2, and its fault, which has happened, is dropped
+    proc = subprocess.run([str(local), "4", "--scheme", "pgc-fr", "-s", "1", *common, "--fault", "die:2@100",
+                           "--out", str(out)],
+                          env=mpi_env(90), capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("3 workers left, and pgc-fr with s = 1 does not run on 3 (pgc-fr needs n divisible by c = 2"
+            in proc.stderr and "starting it again on 2, leaving 1 out" in proc.stderr), proc.stderr[-3000:]
+    assert [r["step"] for r in steps_of(out)] == list(range(300))
+    change = json.loads((out / "config.json").read_text())["worker_changes"]
+    assert [(c["workers_before"], c["workers"]) for c in change] == [(4, 2)]
+    assert [e["status"] for e in events_of(out, "summary")] == ["completed"]
+
+    out = tmp_path / "cr"
+    proc = subprocess.run([str(local), "3", "--scheme", "gc-cr", "-s", "2", *common, "--fault", "die:1@100",
+                           "--out", str(out)],
+                          env=mpi_env(90), capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if "not restarting it" in line]
+    assert len(said) == 1, proc.stderr[-3000:]
+    assert "2 workers left and gc-cr with s = 2 runs on none of 1..2 (on 2: s must be smaller than n" in said[0]
+    assert said[0].endswith(f"resume it on 3 workers (4 ranks), the fewest above 2 that it runs on: the same "
+                            f"options with --resume auto --out {out}")
+    assert [e["status"] for e in events_of(out, "summary")] == ["stopped by SIGUSR1"]  # started once

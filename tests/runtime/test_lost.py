@@ -46,3 +46,27 @@ def test_a_die_fault_does_not_fire_again_in_a_start_past_its_step():
     faults = (Fault("die", 1, 200), Fault("nan", 0, 100))
     assert for_start(faults, 0) == faults and for_start(faults, 199) == faults
     assert for_start(faults, 200) == (Fault("nan", 0, 100),)
+
+
+def test_a_fault_naming_a_worker_a_restart_lacks_is_dropped_but_a_fresh_start_refuses_it(tmp_path):
+    """An elastic restart after worker 2's death may run on 2 workers: its fault names a worker that
+    start does not have (it has happened) and is dropped; a fresh start, --resume auto on a new
+    folder included, refuses it as a typo."""
+    import pytest
+
+    from pgc_mpi.config import TrainConfig
+    from pgc_mpi.core.faults import parse_faults
+    from pgc_mpi.errors import ConfigError
+    from pgc_mpi.runs import run_lock
+    from pgc_mpi.runtime.train import _configure
+
+    assert parse_faults("die:2@100+nan:0@5", 2, elastic=True) == [Fault("nan", 0, 5)]
+    with pytest.raises(ConfigError, match="worker id 2 is outside 0..1"):
+        parse_faults("die:2@100", 2)
+    cfg = TrainConfig(scheme="dgd", problem="quadratic", fault="die:2@100", resume="auto", out=str(tmp_path / "new"))
+    cfg.validate(2)  # a resume may be a restart on fewer workers: whether it is one, the folder says
+    try:
+        with pytest.raises(ConfigError, match="worker id 2 is outside 0..1"):
+            _configure(lambda: cfg, ranks=3, prog="pgc-train")
+    finally:
+        run_lock.release_all()
