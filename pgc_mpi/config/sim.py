@@ -20,7 +20,9 @@ class SimConfig(CoreConfig):
     evaluation has none) is at most this (None: run all steps); eval_every: evaluate the problem
     every this many steps and after the last one (a step record carries its metrics only then);
     master_cost: a JSON cost model of the master's own work (pgc_mpi.sim.master_cost), charged on the
-    simulated clock (None: the master takes no time).
+    simulated clock (None: the master takes no time); target_accuracy: stop once the evaluated
+    accuracy (the test accuracy; the validation accuracy of a synthetic logistic problem; the
+    training accuracy where the evaluation has no other) is at least this (None: run all steps).
     """
 
     workers: int = 12
@@ -30,6 +32,7 @@ class SimConfig(CoreConfig):
     target_loss: float | None = None
     eval_every: int = 1
     master_cost: str | None = None  # a cost model file (pgc_mpi.sim.master_cost); None: the master takes no time
+    target_accuracy: float | None = None
 
     def __post_init__(self) -> None:
         self.validate_core(self.workers)
@@ -44,3 +47,6 @@ class SimConfig(CoreConfig):
             raise ConfigError(f"--target-gap must be a finite number >= 0, got {self.target_gap!r}")
         if self.target_loss is not None and not (_is_number(self.target_loss) and math.isfinite(self.target_loss)):
             raise ConfigError(f"--target-loss must be a finite number, got {self.target_loss!r}")
+        if self.target_accuracy is not None and not (_is_number(self.target_accuracy)
+                                                     and 0 <= self.target_accuracy <= 1):
+            raise ConfigError(f"--target-accuracy must be a number in [0, 1], got {self.target_accuracy!r}")

@@ -28,6 +28,9 @@ from .table import PartitionTable
 SCHEME_NAMES = (
     "dgd", "is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "is-gc-cr", "pgc-fr", "pgc-cr", "pbs",
 )
+# Schemes whose runs do not depend on s: dgd waits for every worker, pbs's table has its own
+# replication and window (is-sgd does depend on it: it waits for the first n - s).
+IGNORES_S = ("dgd", "pbs")
 # is-gc-fr and is-gc-cr store this many partitions per worker unless told otherwise: the paper's
 # choice for every s (it fixes the computation per step, c gradients, whatever s is).
 IS_GC_DEFAULT_C = 2

@@ -12,6 +12,7 @@ none (memory and cost per gradient O(dim)), for runs with many ranks or millions
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
@@ -37,6 +38,22 @@ class Problem(Protocol):
     def evaluate(self, w: np.ndarray) -> dict[str, float]: ...
 
     def probe_grad(self, w: np.ndarray) -> np.ndarray: ...
+
+
+def loss_key(metrics: Mapping[str, float]) -> str:
+    """The loss a target loss is checked against: the training loss, or the test loss where the
+    evaluation has none (a torch problem evaluated without its training split)."""
+    return "train_loss" if "train_loss" in metrics else "test_loss"
+
+
+# The accuracy a target accuracy is checked against, in this order: held-out data first (a torch
+# problem's test split, a synthetic logistic problem's validation set), the training split otherwise.
+ACCURACY_KEYS = ("test_accuracy", "val_accuracy", "train_accuracy")
+
+
+def accuracy_key(metrics: Mapping[str, float]) -> str | None:
+    """The accuracy a target accuracy is checked against (None: the evaluation has no accuracy)."""
+    return next((key for key in ACCURACY_KEYS if key in metrics), None)
 
 
 class _ConvexProblem:

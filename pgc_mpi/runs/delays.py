@@ -217,7 +217,7 @@ def summarize(found: Sequence[Extra], warmup: int = WARMUP, first_step: int = WA
         raise ConfigError(f"{where}: no message past the first {warmup} steps has a turnaround (records written "
                           f"before pgc-mpi recorded it, ddp, or a run too short)")
     x = np.array([e.extra for e in found])
-    by_worker = _by_worker(found)
+    by_worker = extras_by_worker(found)
     medians = {w: float(np.median(v)) for w, v in by_worker.items()}
     workers, slow = [], {}
     for w, values in by_worker.items():
@@ -243,7 +243,7 @@ def summarize(found: Sequence[Extra], warmup: int = WARMUP, first_step: int = WA
         fit=fit_delay(found, slow), extras=tuple(found))
 
 
-def _by_worker(found: Sequence[Extra]) -> dict[int, np.ndarray]:
+def extras_by_worker(found: Sequence[Extra]) -> dict[int, np.ndarray]:
     """Each worker's extras in step order (a worker's messages at one step: in arrival order)."""
     rows: dict[int, list[tuple[int, int, float]]] = {}
     for i, e in enumerate(found):

@@ -92,9 +92,11 @@ def describe_rank(record: dict[str, Any]) -> str:
             f"torch {'loaded' if record['torch_loaded'] else 'not loaded'}")
 
 
-def start_record(argv: list[str], hosts: list[str]) -> dict[str, Any]:
-    """This start of the run: command line, UTC time, hosts by rank, Slurm ids, code versions."""
-    return {"command_line": [Path(sys.argv[0]).name, *argv],
+def start_record(argv: list[str], hosts: list[str], program: str = "pgc-train") -> dict[str, Any]:
+    """This start of the run: the program (pgc-train or pgc_mpi.fit: a fit run's model and data may
+    be Python objects that config.json names only by label, which pgc-advise must not take for
+    plug-ins), command line, UTC time, hosts by rank, Slurm ids, code versions."""
+    return {"program": program, "command_line": [Path(sys.argv[0]).name, *argv],
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "hosts": hosts, "slurm": {k: os.environ[k] for k in SLURM_VARIABLES if k in os.environ},
             "git_commit": git_commit(), "versions": versions()}

@@ -223,7 +223,7 @@ def _run_job(make_config: Callable[[], TrainConfig], argv: list[str], parts, out
         return int(status)
     hosts = comm.gather(socket.gethostname(), root=0)
     try:
-        start = {**provenance.start_record(argv, hosts), "mpi_cuda_aware": cuda_aware_mpi()} if rank == 0 else {}
+        start = {**provenance.start_record(argv, hosts, prog), "mpi_cuda_aware": cuda_aware_mpi()} if rank == 0 else {}
         return _train(cfg, state, comm, log, start, plan, parts, outcome or JobOutcome(), prog, recipe)
     except (PgcError, OSError) as exc:  # e.g. a full disk: one line naming the path is the message
         log.error("%s", exc)

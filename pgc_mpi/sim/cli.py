@@ -15,6 +15,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,7 +60,8 @@ TORCH = {"model": DEFAULT_MODEL, "dataset": DEFAULT_DATASET, "loss": None, "dtyp
 @dataclass(frozen=True)
 class ProblemChoice:
     """The problem every run simulates: a synthetic one (`synthetic`: its name) or pgc-train's
-    torch `model` on `dataset`; the fields of the other kind are None."""
+    torch `model` on `dataset`; the fields of the other kind are None. A synthetic problem's data
+    follow each run's seed, or `data_seed` when given (pgc-advise: the probe's problem on every seed)."""
 
     synthetic: str | None
     samples: int | None
@@ -72,6 +74,7 @@ class ProblemChoice:
     eval_train: bool | None
     verify_data: bool | None
     threads: int | None
+    data_seed: int | None = None  # a synthetic problem's data from this seed whatever the run's (pgc-advise)
 
     @property
     def is_torch(self) -> bool:
@@ -81,7 +84,7 @@ class ProblemChoice:
         """The problem of one seed (`verify`: check the data file's checksum; once per run is enough)."""
         if not self.is_torch:
             return PROBLEMS[self.synthetic](workers, samples=self.samples, dim=self.dim, batch_size=self.batch_size,
-                                            seed=seed)
+                                            seed=seed if self.data_seed is None else self.data_seed)
         import torch  # only once the flags are known to be valid
 
         from ..learning.models import load_problem
@@ -288,9 +291,11 @@ def _or(value, default):
     return default if value is None else value
 
 
-def run_all(configs: dict[str, SimConfig], problem: ProblemChoice, first_seed: int,
-            seeds: int) -> dict[str, list[SimResult]]:
-    """Every scheme on every seed's problem: {scheme: [result per seed]}, with progress on stderr."""
+def run_all(configs: dict[str, SimConfig], problem: ProblemChoice, first_seed: int, seeds: int,
+            per_seed: Callable[[str, SimConfig], SimConfig] | None = None) -> dict[str, list[SimResult]]:
+    """Every scheme on every seed's problem: {scheme: [result per seed]}, with progress on stderr.
+    `per_seed(name, cfg)`: the configuration to run for one name and seed (`cfg` has the seed
+    already; pgc-advise gives each seed its own replay of a measured trace)."""
     from .simulator import simulate  # torch: only once every configuration is known to be valid
 
     results: dict[str, list[SimResult]] = {name: [] for name in configs}
@@ -302,7 +307,8 @@ def run_all(configs: dict[str, SimConfig], problem: ProblemChoice, first_seed: i
               f"{time.perf_counter() - began:.2f} s", file=sys.stderr)
         for name, cfg in configs.items():
             began = time.perf_counter()
-            results[name].append(simulate(dataclasses.replace(cfg, seed=seed), built))
+            seeded = dataclasses.replace(cfg, seed=seed)
+            results[name].append(simulate(per_seed(name, seeded) if per_seed else seeded, built))
             print(f"simulated {name} (seed {seed}): {len(results[name][-1].records)} steps in "
                   f"{time.perf_counter() - began:.2f} s", file=sys.stderr)
     return results

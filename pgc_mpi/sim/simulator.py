@@ -35,7 +35,7 @@ from ..core.stragglers import DelayModel
 from ..core.wire import wire_format
 from ..learning.diagnostics import TableDiagnostics
 from ..learning.optim import FlatOptimizer, Recipe
-from ..learning.problems import Problem, with_sampling
+from ..learning.problems import Problem, accuracy_key, loss_key, with_sampling
 from ..runs.metrics import master_times
 from .master_cost import load as load_master_cost
 
@@ -296,12 +296,6 @@ def simulate(cfg: SimConfig, problem: Problem | None = None, record_params: bool
     return result
 
 
-def loss_key(metrics: Mapping[str, float]) -> str:
-    """The loss a target loss is checked against: the training loss, or the test loss where the
-    evaluation has none (a torch problem evaluated without its training split)."""
-    return "train_loss" if "train_loss" in metrics else "test_loss"
-
-
 def _evaluate(problem: Problem, w: np.ndarray, result: SimResult, step: int, at: float) -> dict[str, float]:
     """Evaluate the parameters after `step` (at simulated time `at`) into result.evals."""
     metrics = problem.evaluate(w)
@@ -311,12 +305,14 @@ def _evaluate(problem: Problem, w: np.ndarray, result: SimResult, step: int, at:
 
 
 def _reached(cfg: SimConfig, metrics: Mapping[str, float]) -> bool:
-    """Whether an evaluation's metrics reach the run's target gap or target loss (--stop-at-target)."""
+    """Whether an evaluation's metrics reach the run's target gap, loss or accuracy (--stop-at-target)."""
     if not metrics:
         return False
     gap = cfg.target_gap is not None and metrics.get("gap", math.inf) <= cfg.target_gap
     loss = cfg.target_loss is not None and metrics.get(loss_key(metrics), math.inf) <= cfg.target_loss
-    return gap or loss
+    key = accuracy_key(metrics)
+    accuracy = cfg.target_accuracy is not None and key is not None and metrics[key] >= cfg.target_accuracy
+    return gap or loss or accuracy
 
 
 def _collect(collector: CodedCollector | TableCollector, workers: SimWorkers, cfg: SimConfig,

@@ -1,0 +1,243 @@
+"""`pgc-advise RUN --target-loss L`: which scheme and which s to train with on this cluster, from a
+short probe run on it.
+
+RUN is the folder of a short run on the cluster (a probe: e.g. 60 dgd steps of pgc-train or
+pgc_mpi.fit, with the model and data to train). pgc-advise reads what it measured
+(pgc_mpi.runs.probe: what each worker took beyond its computation, its computation per gradient,
+the master's own time), simulates every candidate scheme and s on the probe's own problem with
+those delays (pgc_mpi.sim.advice), to the target, on several seeds, and recommends the fastest
+whose lead is outside the noise, else the simplest of the tie (pgc_mpi.sim.recommend). It prints
+the measurements, a table and the recommendation with the commands that run it; --json prints
+the same as JSON; --out DIR writes advice.md, advice.csv, advice.png (with matplotlib) and the
+replayed traces. Bad input is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..core.schemes import SCHEME_NAMES
+from ..errors import PgcError
+from ..runs.delays import WARMUP
+from ..runs.probe import Probe, read_probe
+from . import advise_report as report
+
+PROG = "pgc-advise"
+DEFAULT_SEEDS = 3
+DEFAULT_MAX_STEPS = 500
+EVAL_EVERY = {True: 1, False: 5}  # synthetic problem, torch problem: whole-data evaluations cost more there
+
+
+class AdviseError(PgcError):
+    """Input pgc-advise cannot advise from (its message is the one line it prints)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """pgc-advise's command line."""
+    p = argparse.ArgumentParser(
+        prog=PROG, description="Recommend a scheme and s for this cluster from a short probe run on it: every "
+                               "candidate is simulated on the probe's own problem with the delays it measured.")
+    p.add_argument("run", type=Path, metavar="RUN", help="the probe's run folder (pgc-train's or pgc_mpi.fit's --out)")
+    target = p.add_argument_group("target (one is required)")
+    target.add_argument("--target-loss", type=float, default=None,
+                        help="the evaluated training loss to reach (the test loss if the probe ran with "
+                             "--no-eval-train)")
+    target.add_argument("--target-accuracy", type=float, default=None,
+                        help="the evaluated accuracy to reach, in [0, 1] (test accuracy; a synthetic logistic "
+                             "problem's validation accuracy)")
+    p.add_argument("--schemes", default=",".join(SCHEME_NAMES),
+                   help="comma-separated candidate schemes (default: every simulated one, %(default)s; ddp is "
+                        "not simulated)")
+    p.add_argument("--s", default="1,2,3", help="comma-separated s values to try, those valid for the run's "
+                                                "workers and each scheme (default: %(default)s)")
+    p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
+                   help="seeds per candidate: the probe's seed and the next ones (default: %(default)s)")
+    p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS,
+                   help="simulated steps at most per run (default: %(default)s)")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="evaluate every this many simulated steps: times to target are resolved to it (default: "
+                        f"{EVAL_EVERY[True]} for a synthetic problem, {EVAL_EVERY[False]} for a torch model)")
+    p.add_argument("--delay-model", choices=("trace", "fit"), default="trace",
+                   help="trace: replay the measured extras; fit: draw from the --delay spec fitted to them "
+                        "(default: %(default)s)")
+    p.add_argument("--master-cost", default="probe", metavar="probe|none|FILE",
+                   help="the simulated master's own cost: probe, its median times measured by the probe; none; or "
+                        "a cost model file (benchmarks/master_cost.py --fit) (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=WARMUP,
+                   help="leave out the probe's first this many steps (default: %(default)s)")
+    yours = p.add_argument_group("a pgc_mpi.fit probe's model, data and loss, as pgc-train's PATH:NAME plug-ins")
+    for name in ("model", "dataset", "loss"):
+        yours.add_argument(f"--{name}", default=None, metavar="PATH:NAME",
+                           help=f"the {name} to simulate instead of the probe's (required for a fit run's Python "
+                                f"object)")
+    p.add_argument("--json", action="store_true", help="print the advice as JSON instead of text")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write advice.md, advice.csv, advice.png and the replayed traces into this folder")
+    return p
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise AdviseError(f"{what} {text!r}: give comma-separated whole numbers, e.g. 1,2,3") from None
+    if not values or min(values) < 0:
+        raise AdviseError(f"{what} {text!r}: give comma-separated whole numbers >= 0, e.g. 1,2,3")
+    return values
+
+
+def _reached(probe: Probe) -> str:
+    """What the probe's last evaluation reached, in words (for the messages about targets)."""
+    from ..sim.advice import Target
+
+    e = probe.last_eval
+    loss, accuracy = Target("loss", 0).key(e), Target("accuracy", 0).key(e)
+    parts = [f"{key} {e[key]:.4g}" for key in (loss, accuracy) if key is not None and e[key] is not None]
+    if not parts:
+        return "the probe has no evaluation"
+    return f"the probe reached {' and '.join(parts)} at step {e.get('step')}"
+
+
+def target_of(args: argparse.Namespace, probe: Probe):
+    """The target the flags give (AdviseError: none, both, or one the probe's evaluations lack)."""
+    from ..sim.advice import Target
+
+    if (args.target_loss is None) == (args.target_accuracy is None):
+        raise AdviseError(f"give one target, --target-loss L or --target-accuracy A ({_reached(probe)})")
+    target = Target("loss", args.target_loss) if args.target_accuracy is None else \
+        Target("accuracy", args.target_accuracy)
+    if not math.isfinite(target.value) or target.kind == "accuracy" and not 0 <= target.value <= 1:
+        within = " in [0, 1]" if target.kind == "accuracy" else ""
+        raise AdviseError(f"--target-{target.kind} must be a finite number{within}, got {target.value}")
+    if probe.last_eval and target.key(probe.last_eval) is None:
+        raise AdviseError(f"--target-{target.kind}: the probe's evaluations report no {target.kind} "
+                          f"({', '.join(k for k in probe.last_eval if k not in ('event', 'step', 'time'))}); "
+                          f"use --target-loss")
+    return target
+
+
+def advise(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """The advice as --json prints it (traces and the master's cost model written into `folder`)."""
+    from ..sim import advice
+    from ..sim.recommend import recommend
+
+    probe = read_probe(args.run, args.warmup)
+    target = target_of(args, probe)
+    for value, what in ((args.seeds, "--seeds"), (args.max_steps, "--max-steps")):
+        if value < 1:
+            raise AdviseError(f"{what} must be a positive integer, got {value}")
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    unknown = [s for s in schemes if s not in SCHEME_NAMES]
+    if unknown or not schemes:
+        raise AdviseError(f"--schemes: {', '.join(unknown) or 'none given'}: choose among {', '.join(SCHEME_NAMES)} "
+                          f"(ddp is not simulated; dgd stands for it: it waits for every worker too)")
+    problem = advice.problem_choice(probe, args.model, args.dataset, args.loss)
+    cost = {"probe": lambda: advice.master_cost(probe, folder), "none": lambda: None}.get(
+        args.master_cost, lambda: args.master_cost)()
+    if cost is not None:
+        from ..sim.master_cost import load
+
+        load(cost)  # a bad file: one line now, not after the first simulation
+    eval_every = args.eval_every or EVAL_EVERY[probe.synthetic is not None]
+    base = advice.base_options(probe, args.max_steps, eval_every, max(probe.compute_time(), 1e-9), cost, target)
+    planned, skipped = advice.plan(schemes, _ints(args.s, "--s"), base)
+    if not planned:
+        raise AdviseError(f"no candidate runs on {probe.workers} workers: {'; '.join(skipped)}")
+    delays = advice.replay(probe, args.delay_model, args.max_steps, args.seeds, folder)
+    results = advice.simulate_all(planned, problem, args.seeds, delays, target)
+    chosen = recommend(results)
+    if chosen is None:
+        partly = ", ".join(r.name for r in results if r.reached)
+        key = target.key(probe.last_eval) if probe.last_eval else None
+        example = (f"the {target.kind} it reached ({probe.last_eval[key]:.4g} at step {probe.last_eval.get('step')})"
+                   if key is not None else "one its evaluations show")
+        raise AdviseError(f"target {target.describe()} not reached by any candidate "
+                          f"{'on every seed ' if partly else ''}in {args.max_steps} simulated steps"
+                          f"{f' (only on some seeds: {partly})' if partly else ''}: choose a target the probe's model "
+                          f"can reach, e.g. {example}, or raise --max-steps")
+    results.sort(key=lambda r: (not r.counted, r.time.mean if r.counted else math.inf))
+    d = probe.delays
+    return {
+        "recommended": {"scheme": chosen.choice.scheme, "s": chosen.choice.s, "clear": chosen.clear,
+                        "tie": [{"scheme": r.scheme, "s": r.s} for r in chosen.tie], "why": chosen.describe(),
+                        "commands": report.train_commands(probe, chosen.choice)},
+        "candidates": [report.row_of(r, chosen) for r in results],
+        "delays": {"messages": d.overall.count, "steps": probe.steps_measured, "warmup": d.warmup,
+                   "mean": d.overall.mean, "median": d.overall.median, "p90": d.overall.p90, "p99": d.overall.p99,
+                   "max": d.max, "tail_p99_over_mean": report._number(d.tail), "lag1": report._number(d.lag1),
+                   "correlated": d.correlated, "slow_workers": {str(w): sec for w, sec in d.slow.items()},
+                   "per_worker_median": {str(w.worker): w.spread.median for w in d.workers},
+                   "fitted": d.fit.spec, "replayed": delays.note},
+        "used": delays.used,
+        "compute_time": base["compute_time"], "compute_per_worker": {str(w): c for w, c in probe.compute.items()},
+        "master_cost": cost, "master_parts": probe.master,
+        "target": {"kind": target.kind, "value": target.value}, "seeds": args.seeds, "max_steps": args.max_steps,
+        "eval_every": eval_every, "skipped": skipped,
+        "probe": {"run": str(probe.path), "scheme": probe.scheme, "workers": probe.workers, "program": probe.program,
+                  "problem": problem.describe(), "reached": _reached(probe), "text": probe.describe()},
+    }
+
+
+def text(result: dict[str, Any]) -> str:
+    """The advice as pgc-advise prints it."""
+    p, rec = result["probe"], result["recommended"]
+    lines = [p["text"], "", f"simulated: every candidate on {p['problem']} with {p['workers']} workers, "
+             f"{result['seeds']} seed(s), up to {result['max_steps']} steps, evaluated every {result['eval_every']}; "
+             f"compute {result['compute_time']:.4g} s per gradient; delays: {result['used']}, "
+             f"{result['delays']['replayed']}; master cost: {result['master_cost'] or 'none'}",
+             f"target {result['target']['kind']} {result['target']['value']:g}; time to target: mean [95% interval, "
+             f"Student t] over the seeds that reached it, in simulated seconds", "",
+             report.table(result["candidates"]), "", rec["why"], *(f"  {c}" for c in rec["commands"])]
+    if result["skipped"]:
+        lines += ["", "left out:", *(f"  {s}" for s in result["skipped"])]
+    return "\n".join(lines)
+
+
+def write_out(result: dict[str, Any], out: Path) -> list[str]:
+    """advice.md, advice.csv and (with matplotlib) advice.png in `out`; returns notes for stderr."""
+    from .plot import PLOT_EXTRA, have_matplotlib
+
+    (out / "advice.md").write_text(f"# pgc-advise {result['probe']['run']}\n\n```\n{result['probe']['text']}\n```\n\n"
+                                   f"{report.markdown_table(result['candidates'])}\n\n{result['recommended']['why']}\n\n"
+                                   + "".join(f"    {c}\n" for c in result["recommended"]["commands"]))
+    report.write_csv(result["candidates"], out / "advice.csv")
+    if not have_matplotlib():
+        return [f"{PROG}: no figure: it needs matplotlib: {PLOT_EXTRA}"]
+    target = result["target"]
+    report.figure(result["candidates"], out / "advice.png",
+                  f"{result['probe']['problem']}, {result['probe']['workers']} workers: time to "
+                  f"{target['kind']} {target['value']:g} ({result['used']} delays)")
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `pgc-advise`: 0 with advice, 2 (one line on stderr) on bad input."""
+    args = parser().parse_args(argv)
+    try:
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            result = advise(args, args.out)
+            notes = write_out(result, args.out)
+        else:
+            with tempfile.TemporaryDirectory(prefix="pgc-advise-") as folder:
+                result = advise(args, Path(folder))
+            if args.master_cost == "probe" and result["master_cost"]:  # the file went with the temporary folder
+                result["master_cost"] = "the probe's measured times"
+            notes = []
+    except (PgcError, OSError) as exc:
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else text(result))
+    for note in notes:
+        print(note, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
