@@ -1,0 +1,139 @@
+"""pgc-advise against MPI: the advice from a short dgd probe, checked against measured MPI runs.
+
+    python benchmarks/advise_vs_mpi.py --out /tmp/advise-vs-mpi
+
+For each delay situation (none; exponential of mean 1x the compute; one persistently slow
+worker; bursty two-state delays) it runs a 60-step dgd probe under mpiexec on `--workers`
+workers (each partition gradient emulated to take `--compute-time` seconds, so that the ranks
+sharing this machine's cores behave like cluster nodes, and the situation's `--delay` injected),
+asks `pgc-advise --json` for its prediction of every candidate's time to the target loss, then
+runs every candidate under mpiexec on `--seeds` seeds (stopping at the target) and measures its
+time to target (wall time, evaluations left out). It prints, per situation, the predicted and
+measured times with their 95% intervals and their ratio, and whether the recommended candidate
+is the measured fastest or within its noise (the 95% interval of the per-seed differences
+between the two contains 0). Runs already finished in `--out` are reused, so an interrupted
+benchmark resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pgc_mpi.runs.results import run_completed, summarize_run
+from pgc_mpi.runs.stats import Interval, interval
+
+SITUATIONS = {"none": "none", "exp": "exp:0.05", "slow": "fixed:3:0.15", "bursty": "markov:0.05:0.25:0.2"}
+
+
+def train(args: argparse.Namespace, out: Path, delay: str, scheme: str, s: int, seed: int, steps: int,
+          target: float | None) -> Path:
+    """One pgc-train run under mpiexec into `out` (reused when it has finished)."""
+    if run_completed(out):
+        return out
+    cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(args.workers + 1), sys.executable, "-m",
+           "pgc_mpi", "train", "--scheme", scheme, "-s", str(s), "--dataset", args.dataset, "--model", args.model,
+           "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--steps", str(steps),
+           "--eval-every", str(args.eval_every), "--delay", delay, "--compute-time", str(args.compute_time),
+           "--seed", str(seed), "--out", str(out), "--overwrite"]
+    if target is not None:
+        cmd += ["--target-loss", str(target)]
+    env = {**os.environ, "MPIEXEC_TIMEOUT": "600", "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=660)
+    return out
+
+
+def advise(args: argparse.Namespace, probe: Path, out: Path) -> dict:
+    """pgc-advise's --json answer for the probe."""
+    cmd = [str(Path(sys.executable).parent / "pgc-advise"), str(probe), "--target-loss", str(args.target_loss),
+           "--schemes", args.schemes, "--s", args.s, "--seeds", str(len(args.seeds)), "--eval-every",
+           str(args.eval_every), "--max-steps", str(args.max_steps), "--json", "--out", str(out)]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800)
+    return json.loads(done.stdout)
+
+
+def _name(key: tuple[str, int | None]) -> str:
+    return key[0] if key[1] is None else f"{key[0]} s={key[1]}"
+
+
+def _fmt(i: Interval) -> str:
+    return "-" if i.k == 0 else (f"{i.mean:.2f}" if i.k < 2 else f"{i.mean:.2f} [{i.low:.2f}, {i.high:.2f}]")
+
+
+def situation(args: argparse.Namespace, name: str, delay: str) -> list[str]:
+    """The table rows (markdown) of one delay situation; progress on stderr."""
+    folder = args.out / name
+    suffix = "" if args.probe_steps == 60 else f"-{args.probe_steps}"  # the candidates' runs are shared
+    probe = train(args, folder / f"probe{suffix}", delay, "dgd", 1, args.seeds[0], args.probe_steps, None)
+    answer = advise(args, probe, folder / f"advice{suffix}")
+    measured: dict[tuple[str, int | None], list[float]] = {}
+    for c in answer["candidates"]:
+        key = (c["scheme"], c["s"])
+        times = []
+        for seed in args.seeds:
+            run = train(args, folder / f"{c['scheme']}-s{c['s'] or 1}-seed{seed}", delay, c["scheme"], c["s"] or 1,
+                        seed, args.max_steps, args.target_loss)
+            times.append(summarize_run(run, args.target_loss).time_to_target)
+            print(f"{name}: {_name(key)} seed {seed}: {times[-1]}", file=sys.stderr)
+        measured[key] = times
+    reached = {k: v for k, v in measured.items() if all(t is not None for t in v)}
+    fastest = min(reached, key=lambda k: sum(reached[k]))
+    chosen = next((c["scheme"], c["s"]) for c in answer["candidates"] if c["recommended"])
+    diff = interval([a - b for a, b in zip(reached[chosen], reached[fastest])]) if chosen in reached else None
+    if chosen == fastest:
+        verdict = "the measured fastest"
+    elif diff is not None and not diff.excludes(0.0):
+        verdict = f"within the measured fastest's noise ({_name(fastest)}: difference {_fmt(diff)} s)"
+    else:
+        verdict = f"NOT the measured fastest ({_name(fastest)}; difference {diff and _fmt(diff)} s)"
+    rows = [f"\n**{name}** (`--delay {delay}`, a {args.probe_steps}-step probe): recommended {_name(chosen)}: "
+            f"{verdict}\n",
+            "| scheme | s | predicted (s) | measured (s) | predicted / measured | |",
+            "|---|---|---|---|---|---|"]
+    for c in sorted(answer["candidates"], key=lambda c: c["time_to_target"] or float("inf")):
+        key = (c["scheme"], c["s"])
+        m = interval([t for t in measured[key] if t is not None])
+        predicted = Interval(c["time_to_target"], c["time_low"], c["time_high"], c["reached"]) \
+            if c["time_to_target"] is not None else Interval(float("nan"), float("nan"), float("nan"), 0)
+        ratio = f"{predicted.mean / m.mean:.3f}" if predicted.k and m.k else "-"
+        mark = "recommended" if c["recommended"] else ("tie" if c["tie"] else "")
+        mark += " (measured fastest)" if key == fastest else ""
+        rows.append(f"| {c['scheme']} | {c['s'] if c['s'] is not None else '-'} | {_fmt(predicted)} | {_fmt(m)} "
+                    f"| {ratio} | {mark} |")
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for the runs and advice (reused runs resume)")
+    p.add_argument("--situations", default=",".join(SITUATIONS), help=f"a subset of {','.join(SITUATIONS)}")
+    p.add_argument("--schemes", default="dgd,is-sgd,gc-cr,pgc-fr,pgc-cr")
+    p.add_argument("--s", default="1,2")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--workers", type=int, default=12)
+    p.add_argument("--dataset", default="digits")
+    p.add_argument("--model", default="logreg")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1.0)
+    p.add_argument("--compute-time", type=float, default=0.05)
+    p.add_argument("--target-loss", type=float, default=0.5)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--probe-steps", type=int, default=60)
+    p.add_argument("--max-steps", type=int, default=300)
+    args = p.parse_args()
+    unknown = set(args.situations.split(",")) - set(SITUATIONS)
+    if unknown:
+        p.error(f"--situations: unknown {sorted(unknown)}; choose from {','.join(SITUATIONS)}")
+    print(f"pgc-advise against MPI: {args.workers} workers, {args.model} on {args.dataset}, compute "
+          f"{args.compute_time} s per gradient, target loss {args.target_loss}, seeds {args.seeds}; times to "
+          f"target: mean [95% interval] over the seeds")
+    for name in args.situations.split(","):
+        print("\n".join(situation(args, name, SITUATIONS[name])), flush=True)
+
+
+if __name__ == "__main__":
+    main()
