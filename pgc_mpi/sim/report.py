@@ -66,6 +66,7 @@ def _per_seed(res: SimResult, target: Target, dgd: SimResult | None) -> dict:
         "final_accuracy": res.final("test_accuracy"),
         "max_staleness": max((r["max_staleness"] for r in records), default=0),
         "late_messages": sum(r["late"] for r in records),
+        "abandoned": sum(r.get("abandoned", 0) for r in records),
         "stale_rejected": sum(r.get("stale_rejected", 0) for r in records),
         "gradients_per_step": gradients / len(records) if records else math.nan,
         "stalled": res.stalled,
@@ -85,7 +86,7 @@ def summarize(results: dict[str, list[SimResult]], target: Target) -> list[dict]
                      "stalled": next((r["stalled"] for r in seeds if r["stalled"]), None)}
         for key in ("steps_to_target", "time_to_target", "steps_to_target_decoded", "median_step_time",
                     "step_time_vs_dgd", "final", "final_accuracy", "late_messages", "stale_rejected",
-                    "gradients_per_step"):
+                    "gradients_per_step", "abandoned"):
             values = [r[key] for r in seeds if r[key] is not None]
             row[key] = float(np.mean(values)) if values else None
             row[key + "_sd"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
@@ -101,7 +102,7 @@ def _spread(row: dict, key: str, fmt: str) -> str:
     return f"{text}±{format(row[key + '_sd'], fmt)}" if row["seeds"] > 1 else text
 
 
-def _cells(r: dict, target: Target, accuracy: bool) -> list[str]:
+def _cells(r: dict, target: Target, accuracy: bool, abandoned: bool) -> list[str]:
     """One scheme's row of the table."""
     final = r["final"]
     cells = [
@@ -120,7 +121,8 @@ def _cells(r: dict, target: Target, accuracy: bool) -> list[str]:
         _spread(r, "gradients_per_step", ".2f"),
         str(r["max_staleness"]),
         f"{r['stale_rejected']:.0f}",
-        f"{r['late_messages']:.0f}" + (" STALLED" if r["stalled"] else ""),
+        f"{r['late_messages']:.0f}" + ("" if abandoned else " STALLED" if r["stalled"] else ""),
+        *([f"{r['abandoned'] or 0:.0f}" + (" STALLED" if r["stalled"] else "")] if abandoned else []),
     ]
 
 
@@ -130,15 +132,17 @@ def format_table(rows: list[dict], target: Target, key: str, fr_decode: str = "c
     final test accuracies is added when the evaluations report one (torch classifiers)."""
     word = target.kind
     accuracy = any(r["final_accuracy"] is not None and not math.isnan(r["final_accuracy"]) for r in rows)
+    abandoned = any(r.get("abandoned") for r in rows)  # --abandon-late: jobs abandoned, per run
     head = ["scheme", "reached", f"steps to {word}", *(["steps, decoded rule"] if word == "loss" else []),
             f"time to {word}", "median step", "vs dgd", f"final {word}",
-            *(["test acc"] if accuracy else []), "grads/step", "max stale", "rejected", "late"]
-    lines = [head, *(_cells(r, target, accuracy) for r in rows)]
+            *(["test acc"] if accuracy else []), "grads/step", "max stale", "rejected", "late",
+            *(["abandoned"] if abandoned else [])]
+    lines = [head, *(_cells(r, target, accuracy, abandoned) for r in rows)]
     widths = [max(len(row[k]) for row in lines) for k in range(len(head))]
     seeds = rows[0]["seeds"] if rows else 0
     out = [f"{target.describe(key)}; times in simulated seconds; FR schemes decode: {fr_decode}; "
            f"{seeds} seed(s): mean±sd over seeds (times and steps over the seeds that reached the target), "
-           f"rejected/late: mean per run{header}" + (
+           f"rejected/late{'/abandoned' if abandoned else ''}: mean per run{header}" + (
                f"; steps, decoded rule: the paper's stopping rule, each step's mean minibatch loss over the messages "
                f"used at or below the target for {PAPER_RUN} consecutive steps" if word == "loss" else "")]
     for row in lines:

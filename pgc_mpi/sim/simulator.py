@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import SimConfig
+from ..core.abandon import abandons, next_check_point
 from ..core.collector import CodedCollector, Decoded, TableCollector, make_collector
 from ..core.message import Layout, Message, buffers_per_message, gradient_header
 from ..core.schemes import CodedScheme, PbsScheme
@@ -133,7 +134,9 @@ class SimWorkers:
     A coded worker's job for step t computes its fresh slots (c gradients for gc-*, one for
     pgc-*), after its over-stale ones with --on-stale refresh; a pbs worker's job is its next
     stored partition at the newest model; the master answers every pbs message at once with the
-    current model, except the ones that complete a step (their workers wait for the next).
+    current model, except the ones that complete a step (their workers wait for the next). With
+    --abandon-late a coded worker whose step is decided stops at its next check point
+    (pgc_mpi.core.abandon) and takes the newest model then, keeping nothing of the job.
     """
 
     def __init__(self, scheme: CodedScheme | PbsScheme, cfg: SimConfig, builder: MessageBuilder):
@@ -151,6 +154,12 @@ class SimWorkers:
         self.wire = wire_format(cfg.wire_dtype, np.float64)  # messages as the master receives them (--wire-dtype)
         self._attempts: dict[tuple[int, int], int] = {}  # pbs: computations per (worker, model)
         self._events: list[tuple[float, int, int, int, float]] = []  # (end, worker, version, count, delay)
+        self.abandon_late = cfg.abandon_late and abandons(scheme.name)
+        self.began = [0.0] * n  # when each worker's current job began
+        self.job = [0] * n  # the version each worker's current job computes for
+        self.finished = [0] * n  # jobs each worker has finished (its first is never abandoned)
+        self._cancelled: set[tuple[int, int]] = set()  # (worker, count) of the jobs abandoned
+        self._stops: list[tuple[float, int]] = []  # (when, worker): abandoning workers reach their check points
 
     def first_start(self) -> float:
         """When the first jobs can start: after the pipelined schemes' warm-up gradients."""
@@ -161,6 +170,7 @@ class SimWorkers:
         (default: `at`; earlier when warm-up gradients come first, as the MPI worker computes
         them on receiving its first model)."""
         self.given[worker] = at if given is None else given
+        self.began[worker], self.job[worker] = at, version
         if self.table:
             attempt = self._attempts.get((worker, version), 0)
             self._attempts[(worker, version)] = attempt + 1
@@ -182,14 +192,49 @@ class SimWorkers:
                 self.start(i, version, at, given)
 
     def next_time(self) -> float:
-        """When the next job ends (inf when none will)."""
-        return self._events[0][0] if self._events else math.inf
+        """When the next job ends or an abandoning worker stops (inf when none will)."""
+        while self._events and (self._events[0][1], self._events[0][3]) in self._cancelled:
+            heapq.heappop(self._events)
+        return min(self._events[0][0] if self._events else math.inf, self._stops[0][0] if self._stops else math.inf)
+
+    def next_is_stop(self) -> bool:
+        """Whether the next event (next_time) is an abandoning worker's stop, not a message."""
+        ends = self.next_time()
+        return bool(self._stops) and self._stops[0][0] == ends
+
+    def take_stop(self) -> int:
+        """The worker of the next stop: idle from now on, it asks for the newest model."""
+        worker = heapq.heappop(self._stops)[1]
+        self.busy[worker] = False
+        return worker
+
+    def abandon(self, step: int, told: float) -> int:
+        """--abandon-late: every busy worker computing for step `step` or earlier, told at `told`
+        that it is decided, stops at its next check point, if its job has one left (a hung worker
+        checks nothing), unless it is the worker's first job (pgc_mpi.core.abandon.may_abandon).
+        Returns how many jobs were abandoned."""
+        if not self.abandon_late:
+            return 0
+        abandoned = 0
+        micro = self.cfg.accumulate
+        for i in range(self.scheme.n):
+            if not self.busy[i] or self.job[i] > step or self.until[i] == math.inf or not self.finished[i]:
+                continue
+            stop = next_check_point(self.began[i], self.until[i], micro * max(1, len(self.slots[i])), told)
+            if stop is not None:
+                self._cancelled.add((i, self.count[i] - 1))
+                heapq.heappush(self._stops, (stop, i))
+                self.until[i] = stop
+                abandoned += 1
+        return abandoned
 
     def finish(self) -> tuple[float, Message, Callable[[], np.ndarray], Callable[[], float]]:
         """End the next job: (time, its message, its payload and its minibatch loss as callables
         that compute them: the collector calls them only if it uses the message)."""
+        self.next_time()  # past the abandoned jobs
         at, worker, version, count, delay = heapq.heappop(self._events)
         self.busy[worker] = False
+        self.finished[worker] += 1
         if self.table:
             slot = self.scheme.fresh_slots(count, worker)[0]
             part = self.scheme.placement[worker][slot]
@@ -221,7 +266,7 @@ class SimWorkers:
     def oldest_version(self) -> int:
         """The oldest model a live worker's buffers or jobs still refer to (hung workers excluded:
         their buffers are never sent again and must not pin old models in memory)."""
-        live = [e[2] for e in self._events if e[0] < math.inf]
+        live = [e[2] for e in self._events if e[0] < math.inf and (e[1], e[3]) not in self._cancelled]
         if not self.table:
             live += [min(self.versions[i]) for i in range(self.scheme.n) if self.until[i] < math.inf]
         return min(live, default=0)
@@ -279,6 +324,8 @@ def simulate(cfg: SimConfig, problem: Problem | None = None, record_params: bool
                   "bytes_received": received * nbytes, **collector.record(dec, missed), **extra,
                   "wire_error": workers.wire.decode_error(dec.weights)}
         result.records.append(record)
+        if workers.abandon_late:  # told with the new model: the workers still on this step or older stop
+            record["abandoned"] = workers.abandon(t, now)
         record.update(opt.step())  # the recipe's lr and grad_norm, as the MPI master records them
         builder.add_model(t + 1, w)
         builder.forget_before(workers.oldest_version())
@@ -349,10 +396,14 @@ def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers, no
     answers, as the MPI master reads a poll's batch), then the answers: the current model at
     once for a late message (the newest-model rule) and, unless the step is now complete, for
     every pbs message; otherwise the worker waits for the next step's model (start_idle).
-    Returns how many messages arrived and when the master is done receiving them (`per_message`
-    seconds each; the answers leave then)."""
-    batch = []
+    A worker that abandoned its job (--abandon-late) asks for the current model when it stops,
+    as a late worker does with its message. Returns how many messages arrived and when the master
+    is done receiving them (`per_message` seconds each; the answers leave then)."""
+    batch, stopped = [], []
     while workers.next_time() <= now:
+        if workers.next_is_stop():
+            stopped.append(workers.take_stop())
+            continue
         at, msg, payload, loss = workers.finish()
         # as the MPI master measures it: from the model reaching the worker to the master taking the
         # message in (now: later than `at` when the message waited for the master)
@@ -364,6 +415,8 @@ def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers, no
         for msg in batch:
             if collector.answers_every_message or msg.step < collector.step:
                 workers.start(msg.worker, collector.step, now)
+        for worker in stopped:
+            workers.start(worker, collector.step, now)
     return len(batch), now
 
 

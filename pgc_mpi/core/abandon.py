@@ -1,0 +1,51 @@
+"""Abandoning a decided step (--abandon-late): which schemes may, and where a worker can stop.
+
+A worker still computing for step t once the master has decided step t without it would send a
+message that arrives late and is discarded (docs/ALGORITHMS.md §5, the newest-model rule), and
+only then take the newest model: one slow step costs it two. With --abandon-late it stops at its
+next check point instead, keeps nothing of the abandoned job (its buffers and their versions stay
+as they were, exactly as for a worker that skipped the step), sends nothing for it, and starts
+on the newest model. A worker's first job of a start is never abandoned: it computes the fresh
+slot that a pipelined scheme's warm-up leaves empty (a buffer that was never computed must not
+be sent as a gradient), and the other schemes keep one rule. Every message that is sent is one
+the scheme already accepts, so decoding stays exact (FR, gc-cr) or unbiased (is-sgd, is-gc-*,
+pgc-cr) as without it. A pipelined worker pays for it later: the abandoned slot's buffer is a
+step past the staleness window when it is next sent, so --on-stale refresh recomputes it.
+
+A job's time (its computation and its delay: the delay models slowness of the computation,
+spread evenly over it) is split into its micro-batches (the partition gradients it computes times
+--accumulate); the worker checks after each micro-batch's forward pass and between micro-batches.
+"""
+
+from __future__ import annotations
+
+# dgd decides a step only with every worker's message, so none is ever moot; pbs's table takes a
+# late gradient if it is newer than its entry (the message is not moot either).
+NEVER_ABANDONS = ("dgd", "pbs")
+# The forward pass's share of a micro-batch's computation (a backward costs about twice a forward),
+# so a single-batch step has one check point, a third of the way in, before its backward pass.
+FORWARD_SHARE = 1 / 3
+
+
+def abandons(scheme: str) -> bool:
+    """Whether a worker of `scheme` may abandon a decided step."""
+    return scheme not in NEVER_ABANDONS
+
+
+def check_points(began: float, until: float, micro_batches: int) -> list[float]:
+    """When a job running from `began` to `until` over `micro_batches` equal micro-batches checks
+    for a decided step: after each forward pass, and at the end of every micro-batch but the last
+    (whose end is the message's sending)."""
+    share = (until - began) / micro_batches
+    points = []
+    for j in range(micro_batches):
+        points.append(began + (j + FORWARD_SHARE) * share)
+        if j < micro_batches - 1:
+            points.append(began + (j + 1) * share)
+    return points
+
+
+def next_check_point(began: float, until: float, micro_batches: int, told: float) -> float | None:
+    """The first check point at or after `told` (when the worker learns its step is decided), or
+    None when there is none before the job ends (it then finishes and its message is late)."""
+    return next((p for p in check_points(began, until, micro_batches) if p >= told), None)

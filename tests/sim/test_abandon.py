@@ -1,0 +1,61 @@
+"""--abandon-late in the simulator: where a worker checks, which schemes abandon, and that a worker
+that abandons decided steps changes nothing the master decodes from (pgc_mpi.core.abandon)."""
+
+import numpy as np
+import pytest
+
+from pgc_mpi.config import SimConfig
+from pgc_mpi.core.abandon import abandons, check_points, next_check_point
+from pgc_mpi.learning.problems import PROBLEMS
+from pgc_mpi.sim.simulator import simulate
+
+
+def test_check_points_after_each_forward_and_between_micro_batches():
+    assert check_points(0.0, 0.3, 1) == pytest.approx([0.1])  # one batch: before its backward
+    assert check_points(1.0, 1.6, 2) == pytest.approx([1.1, 1.3, 1.4])  # then the last batch's forward
+    assert next_check_point(1.0, 1.6, 2, told=1.25) == pytest.approx(1.3)
+    assert next_check_point(1.0, 1.6, 2, told=1.45) is None  # past the last: it finishes, late
+
+
+def test_dgd_and_pbs_never_abandon_the_others_may():
+    assert [name for name in ("dgd", "is-sgd", "gc-cr", "is-gc-fr", "pgc-fr", "pgc-cr", "pbs") if abandons(name)] \
+        == ["is-sgd", "gc-cr", "is-gc-fr", "pgc-fr", "pgc-cr"]
+
+
+def _run(scheme: str, abandon: bool, delay: str, steps: int = 30, **kw):
+    cfg = SimConfig(scheme=scheme, workers=4, stragglers=1, steps=steps, lr=0.1, delay=delay, seed=3,
+                    compute_time=0.1, abandon_late=abandon, **kw)
+    return simulate(cfg, PROBLEMS["least-squares"](4, samples=80, dim=5, seed=3))
+
+
+def test_a_straggler_that_never_counts_abandons_its_steps_and_the_run_is_unchanged():
+    """Worker 3 is always 1 s slower, so is-sgd (s = 1) decodes every step from workers 0..2 and
+    worker 3's messages are all late. With --abandon-late it stops each decided step at its first
+    check point instead (after its first job, which fills nothing and is never abandoned): no
+    late message past that one, and the same parameters, steps and times as without."""
+    plain, quick = _run("is-sgd", False, "fixed:3:1.0"), _run("is-sgd", True, "fixed:3:1.0")
+    assert sum(r["late"] for r in plain.records) >= 2
+    assert sum(r["late"] for r in quick.records) == 1  # its first job
+    assert sum(r["abandoned"] for r in quick.records) >= 10
+    assert np.array_equal(plain.params, quick.params)
+    assert [r["step_time"] for r in plain.records] == pytest.approx([r["step_time"] for r in quick.records])
+    assert all(3 not in r["arrivals"] for r in quick.records)
+
+
+@pytest.mark.parametrize("scheme", ["pgc-fr", "gc-cr", "pgc-cr", "is-sgd"])
+def test_abandoning_schemes_still_decode_correctly(scheme):
+    """With random delays workers abandon some steps and finish others; every message the master
+    uses is one the scheme accepts, so the exact schemes still reach the least-squares optimum on
+    full-partition gradients, and the others converge as well as without abandoning."""
+    plain = _run(scheme, False, "exp:0.1", steps=400)
+    quick = _run(scheme, True, "exp:0.1", steps=400)
+    assert sum(r["abandoned"] for r in quick.records) > 20
+    gap = quick.evals[-1]["gap"]
+    assert gap < 1e-8 if scheme in ("pgc-fr", "gc-cr") else gap < 10 * max(plain.evals[-1]["gap"], 1e-6)
+
+
+@pytest.mark.parametrize("scheme", ["dgd", "pbs"])
+def test_dgd_and_pbs_runs_are_the_same_with_the_flag(scheme):
+    plain, flagged = _run(scheme, False, "exp:0.1"), _run(scheme, True, "exp:0.1")
+    assert np.array_equal(plain.params, flagged.params)
+    assert "abandoned" not in flagged.records[-1]
