@@ -289,6 +289,36 @@ def _until(what: str, check, timeout: float, log: Path):
     pytest.fail(f"no {what} within {timeout:.0f} s; the job's log ends:\n{tail}")
 
 
+def _running(env: dict, cwd: Path, args: list[str], log: Path, run: Path, steps: int = 30) -> str:
+    """Submit a job that the test steers while it runs (no sbatch --wait) and wait until it has
+    recorded `steps` steps; returns its id. A start that failed in MPI_Init (INIT_FAILURES in its log,
+    then the job ended or fell silent for HUNG_AFTER seconds, with no step) is cancelled and submitted
+    again, as _sbatch does, up to START_ATTEMPTS times; its log is kept as <log>.failed<k>."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        submit = subprocess.run(["sbatch", "--parsable", *args], env=env, cwd=cwd, capture_output=True, text=True,
+                                timeout=60)
+        assert submit.returncode == 0, submit.stderr
+        job = submit.stdout.strip().split(";")[0]
+        quiet, failed, end = (-1, time.monotonic()), False, time.monotonic() + START_TIMEOUT
+        while time.monotonic() < end and not failed:
+            if _step_lines(run) >= steps:
+                return job
+            size = log.stat().st_size if log.exists() else 0
+            quiet = quiet if size == quiet[0] else (size, time.monotonic())
+            failed = (_failed_at_start(log) and _step_lines(run) == 0
+                      and (slurm_job_gone(env, job) or time.monotonic() - quiet[1] > HUNG_AFTER))
+            time.sleep(1)
+        if not failed or attempt == START_ATTEMPTS:
+            break
+        print(f"start {attempt} failed after Slurm's pmi2 plugin's error (see INIT_FAILURES); submitting it "
+              f"again. Its log:\n{log.read_text()}")
+        subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
+        _until("the failed start's end", lambda job=job: slurm_job_gone(env, job), 120, log)
+        log.rename(log.with_name(f"{log.name}.failed{attempt}"))
+    tail = log.read_text()[-3000:] if log.is_file() else "(no job log)"
+    pytest.fail(f"no {steps} steps within {START_TIMEOUT} s, in {attempt} start(s); the job's log ends:\n{tail}")
+
+
 def _written(run: Path) -> list[dict]:
     """The complete records of metrics.jsonl so far (it is being written: a last line may be cut)."""
     path = run / "metrics.jsonl"
@@ -375,15 +405,11 @@ def test_a_node_that_drops_off_the_network_is_handled_like_hung_workers(cluster,
     once node3 is back, the requeued job resumes and finishes with every step recorded exactly once."""
     run, log = tmp_path / "run", tmp_path / "job.out"
     env = {**cluster, "PGC_MASTER_ALONE": "1"}
-    submit = subprocess.run(
-        ["sbatch", "--parsable", "--time=6", "-N", "3", "--ntasks-per-node=2", "-o", str(log),
-         str(SLURM_DIR / "train.sbatch"), "--scheme", "gc-cr", "-s", "2", "--steps", "300", "--compute-time", "0.05",
-         "--checkpoint-every", "20", "--grace", "3", "--eval-every", "50", "--out", str(run)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert submit.returncode == 0, submit.stderr
-    job = submit.stdout.strip().split(";")[0]
+    job = _running(env, tmp_path, ["--time=6", "-N", "3", "--ntasks-per-node=2", "-o", str(log),
+                                   str(SLURM_DIR / "train.sbatch"), "--scheme", "gc-cr", "-s", "2", "--steps", "300",
+                                   "--compute-time", "0.05", "--checkpoint-every", "20", "--grace", "3",
+                                   "--eval-every", "50", "--out", str(run)], log, run)
     try:
-        _until("30 steps", lambda: _step_lines(run) >= 30, 180, log)
         assert _hosts(run) == ["node1", "node2", "node2", "node3", "node3"]
         _link(env, 3, "down")
         dropped = _step_lines(run)
