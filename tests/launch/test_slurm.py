@@ -102,10 +102,12 @@ def test_training_job_survives_dying_workers(slurm, tmp_path, launcher):
     the script starts it again at once on 2 workers. Under mpiexec (-disable-auto-cleanup) the
     SIGKILL makes hydra end every rank (the run goes on from its newest checkpoint), the exit makes
     hydra's SIGUSR1 stop the run; each time the script starts it again on the workers left. Either
-    way every step is recorded once."""
+    way every step is recorded once. (Steps of 0.1 s, --compute-time: without them the ten steps
+    between the faults took milliseconds, and on a loaded machine both happened before hydra had
+    ended the first start, which then saw one restart, not two.)"""
     out = tmp_path / "run"
     env = {**slurm, "PGC_LAUNCHER": launcher, "PGC_OUT": str(out),
-           "PGC_ARGS": "--scheme pgc-cr -s 1 --steps 40 --eval-every 10 --checkpoint-every 5 "
+           "PGC_ARGS": "--scheme pgc-cr -s 1 --steps 40 --eval-every 10 --checkpoint-every 5 --compute-time 0.1 "
                        "--fault kill:0@10+die:1@20 --lost-after 2"}
     proc = _sbatch(env, tmp_path, "--wait", "-n", "5", "--time=10", "--export=ALL", str(SLURM_DIR / "train.sbatch"))
     logs = "".join(p.read_text() for p in tmp_path.glob("pgc-train-*.out"))
