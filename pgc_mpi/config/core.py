@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..choices import DEADLINE_POLICIES, LR_SCHEDULES, MODELS, OPTIMIZERS, PEER_SCHEMES
+from ..core.abandon import abandons
 from ..core.schemes import FR_DECODE_RULES, ON_STALE, SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
 from ..core.stragglers import USAGE as DELAY_USAGE
 from ..core.stragglers import DelayModel
@@ -92,6 +93,11 @@ class CoreConfig:
     lr_gamma: float = 0.1
     clip_grad_norm: float | None = None
     accumulate: int = 1
+    abandon_late: bool = False
+
+    def abandons_late(self) -> bool:
+        """Whether workers drop decided jobs: --abandon-late with a scheme that may (pgc_mpi.core.abandon)."""
+        return self.abandon_late and abandons(self.scheme)
 
     def validate_core(self, workers: int) -> None:
         """Check the shared fields, then that the scheme, s, c and the delay model fit `workers` workers."""
@@ -117,6 +123,8 @@ class CoreConfig:
         _choice("on-stale", self.on_stale, ON_STALE)
         if not isinstance(self.fixed_minibatch, bool):
             raise ConfigError(f"--fixed-minibatch must be true or false, got {self.fixed_minibatch!r}")
+        if not isinstance(self.abandon_late, bool):
+            raise ConfigError(f"--abandon-late must be true or false, got {self.abandon_late!r}")
         if not isinstance(self.adapt, bool):
             raise ConfigError(f"--adapt must be true or false, got {self.adapt!r}")
         if self.adapt and self.scheme != "pbs":

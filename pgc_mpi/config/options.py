@@ -53,6 +53,9 @@ _HELP = {
     "lr_gamma": "--lr-schedule step: the factor at each milestone",
     "clip_grad_norm": "clip the decoded gradient to this global L2 norm before the optimizer (the norm before "
                       "clipping is in every step record as grad_norm)",
+    "abandon_late": "a worker whose step the master has decided without it stops at its next check point (after "
+                    "a forward pass, between micro-batches) and takes the newest model, instead of finishing a "
+                    "message that would be discarded (schemes other than dgd, ddp and pbs; docs/ALGORITHMS.md §11)",
     "accumulate": "each partition gradient is the mean over this many micro-batches of --batch-size (a larger "
                   "minibatch at the same memory)",
     "scheduler": "PATH:NAME of your factory optimizer -> torch LRScheduler, stepped once per update (instead of "

@@ -22,9 +22,8 @@ class SimConfig(CoreConfig):
     master_cost: a JSON cost model of the master's own work (pgc_mpi.sim.master_cost), charged on the
     simulated clock (None: the master takes no time); target_accuracy: stop once the evaluated
     accuracy (the test accuracy; the validation accuracy of a synthetic logistic problem; the
-    training accuracy where the evaluation has no other) is at least this (None: run all steps);
-    abandon_late: a worker whose step the master has decided without it stops at its next check
-    point and takes the newest model (pgc_mpi.core.abandon; schemes other than dgd and pbs).
+    training accuracy where the evaluation has no other) is at least this (None: run all steps).
+    (--abandon-late is a shared option: CoreConfig.abandon_late.)
     """
 
     workers: int = 12
@@ -35,7 +34,6 @@ class SimConfig(CoreConfig):
     eval_every: int = 1
     master_cost: str | None = None  # a cost model file (pgc_mpi.sim.master_cost); None: the master takes no time
     target_accuracy: float | None = None
-    abandon_late: bool = False
 
     def __post_init__(self) -> None:
         self.validate_core(self.workers)

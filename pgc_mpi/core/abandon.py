@@ -19,9 +19,9 @@ spread evenly over it) is split into its micro-batches (the partition gradients 
 
 from __future__ import annotations
 
-# dgd decides a step only with every worker's message, so none is ever moot; pbs's table takes a
-# late gradient if it is newer than its entry (the message is not moot either).
-NEVER_ABANDONS = ("dgd", "pbs")
+# dgd (and ddp, its all-reduce twin) decides a step only with every worker's message, so none is
+# ever moot; pbs's table takes a late gradient if it is newer than its entry (not moot either).
+NEVER_ABANDONS = ("dgd", "ddp", "pbs")
 # The forward pass's share of a micro-batch's computation (a backward costs about twice a forward),
 # so a single-batch step has one check point, a third of the way in, before its backward pass.
 FORWARD_SHARE = 1 / 3

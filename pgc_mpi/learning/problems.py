@@ -12,7 +12,7 @@ none (memory and cost per gradient O(dim)), for runs with many ranks or millions
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -306,10 +306,14 @@ class Accumulated:
     def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
         return self.loss_and_grad(w, partition, draw)[1]
 
-    def loss_and_grad(self, w: np.ndarray, partition: int, draw: int) -> tuple[float, np.ndarray]:
+    def loss_and_grad(self, w: np.ndarray, partition: int, draw: int,
+                      between: Callable[[], None] | None = None) -> tuple[float, np.ndarray]:
+        """`between`: called between two micro-batches (--abandon-late's check points: it may raise)."""
         k = self.micro_batches
         loss, total = self.inner.loss_and_grad(w, partition, k * draw)
         for j in range(1, k):
+            if between is not None:
+                between()
             more, grad = self.inner.loss_and_grad(w, partition, k * draw + j)
             loss += more
             total += grad

@@ -29,6 +29,12 @@ log = logging.getLogger("pgc_mpi")
 # this fraction in all. Smaller rises are SGD noise at a sound learning rate: Fashion-MNIST/logreg at
 # --lr 0.05 (pgc-cr, 4 workers) has two rises in a row of up to 19% near its plateau; at --lr 0.1
 # they reach 36-115%, at the default 0.5 80% (from above the untrained loss).
+# The step loops' pace (pgc_mpi.runtime.master, .following). While waiting past a missed deadline
+# (policy `wait`), remind the log this often.
+WAIT_REMINDER = 30.0
+# Longest wait between two looks at the models in flight (a worker's answer goes out only once
+# the previous model message to it has been delivered).
+DISPATCH_INTERVAL = 0.05
 LR_WARNING_RISE = 0.25
 
 

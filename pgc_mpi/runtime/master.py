@@ -32,18 +32,15 @@ from ..learning.optim import FlatOptimizer, Recipe
 from ..learning.problems import Problem
 from ..runs.checkpoint import Checkpoint, Checkpointer
 from ..runs.metrics import MASTER_PARTS, MetricsWriter, Progress, RepeatedWarnings, master_times
-from .control import RunControl
+from .abandon import DecidedNotices
+from .control import DISPATCH_INTERVAL, WAIT_REMINDER, RunControl
+from .following import PbsFollowing
 from .lost import LostWorkers
-from .servers import ANSWER, ARRIVAL, DECODE, FollowerControl, Leader, slice_state
+from .servers import FollowerControl, Leader, slice_state
 from .transport import MasterTransport
 
 log = logging.getLogger("pgc_mpi")
 
-# While waiting past a missed deadline (policy `wait`), remind the log this often.
-WAIT_REMINDER = 30.0
-# Longest wait between two looks at the models in flight (a worker's answer goes out only once
-# the previous model message to it has been delivered).
-DISPATCH_INTERVAL = 0.05
 
 
 @dataclass(frozen=True)
@@ -62,6 +59,7 @@ class MasterSettings:
     adapt: bool = False
     lost_after: float | None = None  # seconds of silence before a worker is declared lost (runtime.lost)
     recipe: Recipe | None = None  # the update (pgc_mpi.learning.optim); None: `optimizer`, `lr`, `momentum`
+    abandon_late: bool = False  # tell workers on a decided step (pgc_mpi.runtime.abandon)
 
     def update_recipe(self) -> Recipe:
         """The recipe of the update: `recipe`, or the built-in `optimizer` at a constant `lr`."""
@@ -80,9 +78,10 @@ class RunTotals:
     rejected_messages: int = 0  # malformed or non-finite: never let into the model
     diverged: str | None = None  # why training stopped on non-finite numbers
     lost: list[int] | None = None  # the lost workers, when the run ended because a step needed them
+    abandoned: int = 0  # jobs the workers dropped (--abandon-late)
 
 
-class Master:
+class Master(PbsFollowing):
     """The parameter server loop for one run, coded schemes and pbs alike."""
 
     def __init__(self, settings: MasterSettings, scheme: CodedScheme | PbsScheme, params: np.ndarray,
@@ -125,6 +124,8 @@ class Master:
         self.busy = [False] * self.n  # a model is out with the worker and its answer is not back
         self.sent_at = [(-1, math.nan)] * self.n  # (step, time) of the last model sent: turnarounds start there
         self.gone = LostWorkers(self.n, settings.lost_after, scheme.placement, link.first_worker)
+        if settings.abandon_late:  # the transport's polls take the workers' answers (link.abandoned)
+            link.notices = DecidedNotices(link.comm, self.n, link.first_worker)
         self._started = time.monotonic()
         # the master's own work in the current step, in seconds per part (see _timed)
         self._times = dict.fromkeys(MASTER_PARTS, 0.0)
@@ -244,6 +245,7 @@ class Master:
             until = min(math.inf if missed else deadline_at, reminder, time.monotonic() + DISPATCH_INTERVAL)
             arrived = self.link.poll(until)
             self._count_malformed(t)
+            self._free_abandoned()
             for i in arrived:
                 self._timed("receive", functools.partial(self._receive, t, i))
             self._check_rejections(t)
@@ -279,72 +281,9 @@ class Master:
         self._times = dict.fromkeys(MASTER_PARTS, 0.0)
         self._rejected = {}
         self._timed("send", lambda: self.link.publish(t, self.w[self.own]))
-
-    def _follow(self, t: int) -> tuple[Decoded | None, bool]:
-        """A pbs follower's step t: rank 0's arrivals, answers and decode, carried out in rank 0's
-        order (pgc_mpi.runtime.servers), so that this shard's table, steps and answers are rank 0's.
-        Returns (decoded, False), or (None, False) once rank 0 ended the run."""
-        self.collector.begin(t)
-        self._begin(t)
-        while (event := self.control.next_event(t)) is not None:
-            kind, step, worker, value = event
-            if kind == ARRIVAL:
-                if not self._timed("receive", functools.partial(self._take, t, worker, step, bool(value))):
-                    return None, False
-            elif kind == ANSWER:
-                if step != t:
-                    raise PgcError(f"rank 0 answered worker {worker} with the model of step {step}, this server "
-                                   f"is at step {t}: the servers' steps differ")
-                self._timed("send", functools.partial(self.link.send_model, worker))
-            elif kind == DECODE:
-                dec = self._timed("decode", functools.partial(self.collector.decode, partial=True))
-                self.control.report(*self.diagnostics.report(t, self.collector.table, self.opt.grad,
-                                                              value if value >= 0 else None))
-                return dec, False
-        return None, False
-
-    def _take(self, t: int, worker: int, step: int, offered: bool) -> bool:
-        """A pbs follower: do with `worker`'s next message what rank 0 did with it (offer it to the
-        table, or drop it), waiting for it if it has not come; False once rank 0 ended the run."""
-        arrived, malformed = self._await(t, worker)
-        if not arrived:
-            return False
-        if not offered:  # rank 0 refused it before its table: so does this server
-            if malformed is None:
-                self.link.post(worker)
-            self.totals.rejected_messages += 1
-            return True
-        why = malformed
-        if why is None:
-            msg, values = Message.read(self.link.headers[worker]), self.link.gradient(worker)
-            why = self._fault(worker, msg, values)[1] or (f"its step is {msg.step}, rank 0's copy's {step}"
-                                                          if msg.step != step else None)
-        if why is not None:
-            raise PgcError(f"step {t}: rank 0 took worker {worker}'s message into the pbs table, but its part here "
-                           f"is unusable ({why}): the servers' tables would differ")
-        self.collector.offer(msg, values)
-        self.link.post(worker)
-        return True
-
-    def _await(self, t: int, worker: int) -> tuple[bool, str | None]:
-        """Wait for `worker`'s next message: (True, None) once it is in its buffer, (True, reason)
-        when it was malformed (the transport has dropped it), (False, None) when rank 0 ended the
-        run first."""
-        began = time.monotonic()
-        reminder = began + WAIT_REMINDER
-        while worker not in self._unnamed:
-            bad = next((i for i, (w, _) in enumerate(self.link.malformed) if w == worker), None)
-            if bad is not None:
-                return True, self.link.malformed.pop(bad)[1]
-            if self.control.stop_signal(t):
-                return False, None
-            self._unnamed.update(self.link.poll(time.monotonic() + DISPATCH_INTERVAL))
-            if time.monotonic() >= reminder:
-                log.warning("step %d: waited %.0f s so far for worker %d's message, which rank 0 has received",
-                            t, time.monotonic() - began, worker)
-                reminder += WAIT_REMINDER
-        self._unnamed.discard(worker)
-        return True, None
+        self._abandoned = 0
+        if self.link.notices is not None and t > self.start:  # step t - 1 is decided
+            self._timed("send", lambda: self.link.notices.tell(t - 1, self.sent, self.busy))
 
     def _waiting(self) -> str:
         return f"{self.collector.waits_on} {self.collector.waiting_for()}"
@@ -410,6 +349,14 @@ class Master:
                 self.servers.arrival(worker, -1, offered=False)
             self._reject(t, worker, "malformed", why)
 
+    def _free_abandoned(self) -> None:
+        """Workers that dropped a decided job (--abandon-late) are free: the next dispatch sends them the model."""
+        for worker, step in self.link.abandoned:
+            if self.busy[worker] and self.sent[worker] == step:
+                self.busy[worker] = False
+                self._abandoned += 1
+        self.link.abandoned.clear()
+
     def _reject(self, t: int, worker: int, kind: str, why: str) -> None:
         """Count and log a message that must not enter the model. Its worker counts as a straggler
         and gets the current model again, once per step (a transient fault then costs one
@@ -451,12 +398,14 @@ class Master:
         for i in self.collector.held:
             self.link.post(i)
         record = {**self.collector.record(dec, missed), **extra, **self._update_record,
-                  "wire_error": self._wire_error(t, dec)}
+                  "wire_error": self._wire_error(t, dec),
+                  **({"abandoned": self._abandoned} if self.link.notices is not None else {})}
         step_time = time.monotonic() - began
         totals = self.totals
         totals.steps = t + 1
         totals.skipped += self.n - len(set(dec.used))
         totals.late += record["late"]
+        totals.abandoned += record.get("abandoned", 0)
         totals.rejected += len(record["rejected"])
         totals.deadline_missed += int(missed)
         record = {"step": t, "wall_time": time.monotonic() - self._started - self.control.eval_seconds,

@@ -125,6 +125,7 @@ def _summary(totals, control, wall: float, metrics_path: Path, workers: int) -> 
             "steps": totals.steps, "wall_time": wall,
             "median_step_time": float(np.median(step_times)) if step_times else None,
             "stragglers_skipped": totals.skipped, "late_messages": totals.late,
+            "abandoned_jobs": getattr(totals, "abandoned", 0),  # --abandon-late: decided jobs dropped
             "rejected_stale": totals.rejected, "rejected_messages": totals.rejected_messages,
             "deadline_missed": totals.deadline_missed, "stopped_at_target": control.stopped_early,
             "waiting_saved_estimate": saved.seconds if saved else None,
@@ -141,8 +142,14 @@ def _report(cfg: TrainConfig, scheme, summary: dict, last_eval: dict, out: Path,
           f"{1e3 * (summary['median_step_time'] or 0):.1f} ms\n"
           f"  {scores}\n"
           f"  stragglers skipped {summary['stragglers_skipped']} worker-steps, late messages "
-          f"{summary['late_messages']}, over-stale messages rejected {summary['rejected_stale']}, "
+          f"{summary['late_messages']}{_abandoned(cfg, summary)}, over-stale messages rejected "
+          f"{summary['rejected_stale']}, "
           f"deadline misses {summary['deadline_missed']}\n{_saved_line(summary)}  outputs: {out}", flush=True)
+
+
+def _abandoned(cfg: TrainConfig, summary: dict) -> str:
+    """The report's count of dropped decided jobs, with --abandon-late (where the scheme may drop)."""
+    return f", decided jobs abandoned {summary['abandoned_jobs']}" if cfg.abandons_late() else ""
 
 
 def _scheme_label(name: str, scheme) -> str:

@@ -1,6 +1,5 @@
 """`pgc-train`: the MPI entry point. Rank 0 validates and runs the master; ranks 1..N are workers
 (with --scheme ddp they train as a torch.distributed group and rank 0 only watches: pgc_mpi.runtime.ddp).
-
 With a synthetic --problem the workers never import torch (nor anything that does): a worker
 rank is then numpy and MPI only, small and quick to start, so that many fit on one machine.
 config.json's provenance says so, rank by rank ("ranks": whether torch is loaded and the
@@ -270,7 +269,7 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
     if rank >= servers:
         layout = Layout(header, problem.dim, wire.storage)
         settings = WorkerSettings(tuple(parse_faults(cfg.fault, n, elastic=cfg.resume is not None)),
-                                  cfg.refresh_over(scheme), cfg.compute_time)
+                                  cfg.refresh_over(scheme), cfg.compute_time, cfg.accumulate, cfg.abandons_late())
         link = WorkerTransport(comm, layout, cfg.poll_interval, wire, shard_bounds(problem.dim, servers)
                                if servers > 1 else None, heartbeat=heartbeat_interval(cfg.lost_after))
         computed = run_worker(rank - servers, scheme, problem, link, DelayModel(cfg.delay, n, seed=cfg.seed),
@@ -309,9 +308,10 @@ def _master_settings(cfg: TrainConfig, scheme, leads: bool):
     from ..learning.optim import Recipe
     from .master import MasterSettings
 
-    return MasterSettings(steps=cfg.steps, deadline=cfg.deadline, on_deadline=cfg.on_deadline,
+    return MasterSettings(steps=cfg.steps, deadline=cfg.deadline, on_deadline=cfg.on_deadline, adapt=cfg.adapt,
                           max_staleness=cfg.staleness_bound(scheme), record_params=cfg.record_params and leads,
-                          probe_every=cfg.eval_every, adapt=cfg.adapt, lost_after=cfg.lost_after if leads else None,
+                          probe_every=cfg.eval_every, lost_after=cfg.lost_after if leads else None,
+                          abandon_late=cfg.abandons_late(),
                           recipe=Recipe.of(cfg, lr_schedule="constant", warmup_steps=0))
 
 

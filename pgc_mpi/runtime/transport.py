@@ -28,6 +28,7 @@ from mpi4py import MPI
 
 from ..core.message import MODEL_HEADER, Layout
 from ..core.wire import WireFormat, wire_format
+from .abandon import DecidedNotices
 from .heartbeat import Heartbeat, Listener
 
 TAG_MODEL, TAG_GRAD, TAG_STOP, TAG_BYE = 101, 102, 103, 104
@@ -138,6 +139,10 @@ class MasterTransport:
         self.heard = [time.monotonic()] * n
         self._last_poll = time.monotonic()
         self.beats: Listener | None = None  # rank 0's receives of the heartbeats (listen_for_heartbeats)
+        # --abandon-late (pgc_mpi.runtime.abandon): the notices, and the (worker, step) of the jobs
+        # dropped since the master last looked (a poll returns when one comes, as for a gradient)
+        self.notices: DecidedNotices | None = None
+        self.abandoned: list[tuple[int, int]] = []
 
     def gradient(self, worker: int) -> np.ndarray:
         """The payload of `worker`'s message in the run's dtype: the receive buffer itself, or, with a
@@ -166,7 +171,7 @@ class MasterTransport:
         while True:
             good = self._completed()
             self._last_poll = time.monotonic()
-            if good:
+            if good or self.abandoned:
                 self.bytes_received += len(good) * self.grad_layout.nbytes
                 return good
             if self._last_poll >= until:
@@ -195,6 +200,10 @@ class MasterTransport:
         if self.beats is not None:
             for i in self.beats.arrived():
                 self.heard[i] = now
+        if self.notices is not None:
+            for i, step in self.notices.answers():
+                self.heard[i] = now
+                self.abandoned.append((i, step))
         for i in done:
             self.heard[i] = now
             st = by_source.get(i + self.first_worker)
@@ -268,6 +277,8 @@ class MasterTransport:
                     self.beats.stop(w)
             if len(confirmed) < len(alive):
                 _sleep_until(self.poll_interval, until)
+        if self.notices is not None:
+            self.notices.close()
         return sorted(set(range(self.n)) - confirmed)
 
     def _repost_arrived(self) -> None:
@@ -319,13 +330,14 @@ class WorkerTransport:
         """Receive every model shard `server` has sent (the newest stays); True when its stop is next."""
         misses = 0
         while misses < 3:  # a few probes: one progress call may not surface every message
-            if not self.comm.Iprobe(source=server, tag=MPI.ANY_TAG, status=self._status):
-                misses += 1
-                continue
-            if self._status.Get_tag() == TAG_STOP:
+            # by tag: a server sends other messages too (--abandon-late's notices, taken at check points)
+            if self.comm.Iprobe(source=server, tag=TAG_MODEL, status=self._status):
+                self.comm.Recv([self._model_bufs[server], MPI.BYTE], source=server, tag=TAG_MODEL)
+                self._fresh[server], misses = int(self._model_parts[server][0]["step"]), 0
+            elif self.comm.Iprobe(source=server, tag=TAG_STOP):  # never followed by a model
                 return True
-            self.comm.Recv([self._model_bufs[server], MPI.BYTE], source=server, tag=TAG_MODEL)
-            self._fresh[server], misses = int(self._model_parts[server][0]["step"]), 0
+            else:
+                misses += 1
         return False
 
     def next_model(self, block: bool = True) -> int | None:

@@ -19,7 +19,8 @@ from ..core.schemes import CodedScheme, PbsScheme
 from ..core.stragglers import DelayModel
 from ..core.wire import FLOAT16_MAX
 from ..errors import PgcError
-from ..learning.problems import Problem
+from ..learning.problems import Accumulated, Problem
+from .abandon import Abandoned, DecidedWatch, remaining_check_points
 from .transport import WorkerTransport
 
 log = logging.getLogger("pgc_mpi")
@@ -28,12 +29,15 @@ log = logging.getLogger("pgc_mpi")
 class WorkerSettings:
     """What a worker does besides computing: injected faults, the catch-up of over-stale buffers
     (`refresh_over`: the staleness over which a pipelined worker recomputes a buffer before it
-    sends, --on-stale refresh; None: never) and emulated compute (`compute_time`: every
-    partition gradient takes at least this many seconds, --compute-time; None: as long as it takes)."""
+    sends, --on-stale refresh; None: never), emulated compute (`compute_time`: every
+    partition gradient takes at least this many seconds, --compute-time; None: as long as it takes)
+    and --abandon-late (`abandon_late`, with the check points of `micro_batches` per gradient)."""
 
     faults: tuple[Fault, ...] = ()
     refresh_over: int | None = None
     compute_time: float | None = None
+    micro_batches: int = 1  # --accumulate: the micro-batches of a partition gradient (its check points)
+    abandon_late: bool = False  # drop a decided job at a check point (pgc_mpi.runtime.abandon)
 
 
 def _never() -> bool:
@@ -70,6 +74,38 @@ def pad_compute(began: float, gradients: int, per_gradient: float | None,
     if per_gradient is not None:
         _sleep_until(began + gradients * per_gradient, interrupted)
     return time.perf_counter() - began, real
+
+
+def _no_check() -> None:
+    pass
+
+
+def emulate_job(began: float, gradients: int, settings: WorkerSettings, delay: float, link: WorkerTransport,
+                check: Callable[[], None] = _no_check) -> tuple[float, float, float]:
+    """The rest of a job whose gradients are computed: (compute time, real compute time, delay).
+    It sleeps out --compute-time and then the injected `delay`; with a `check` (--abandon-late)
+    the delay is slowness of the computation instead, so the same span is slept through the job's
+    check points (pgc_mpi.core.abandon), where `check` may raise Abandoned. A hang checks nothing."""
+    if check is _no_check or delay == math.inf:
+        took, real = pad_compute(began, gradients, settings.compute_time, link.stop_requested)
+        return took, real, injected_delay(delay, link.stop_requested, link.fall_silent)
+    now = time.perf_counter()
+    real = now - began
+    took = max(real, gradients * (settings.compute_time or 0.0))
+    until = began + took + delay
+    for point in remaining_check_points(began, until, gradients * settings.micro_batches, now):
+        _sleep_until(point, link.stop_requested)
+        check()
+    _sleep_until(until, link.stop_requested)
+    return took, real, delay
+
+
+def _gradient(problem: Problem, w: np.ndarray, part: int, draw: int,
+              check: Callable[[], None]) -> tuple[float, np.ndarray]:
+    """A partition gradient; with --accumulate, `check` runs between its micro-batches."""
+    if isinstance(problem, Accumulated) and check is not _no_check:
+        return problem.loss_and_grad(w, part, draw, between=check)
+    return problem.loss_and_grad(w, part, draw)
 
 
 def _send(link: WorkerTransport, faults: tuple[Fault, ...], worker: int, step: int) -> None:
@@ -123,6 +159,7 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
     step = first = link.next_model()
     faults = for_start(settings.faults, first or 0)
     computed = 0
+    watch = DecidedWatch(link.comm, len(link.shards)) if settings.abandon_late else None
     if step is not None:  # the first model: step 0, or the step a resumed run starts at
         versions = scheme.warmup_versions(step)
         began = time.perf_counter()
@@ -131,22 +168,36 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
             computed += 1
         pad_compute(began, computed, settings.compute_time, link.stop_requested)
     while step is not None:
-        losses = []
         began = time.perf_counter()
         catch_up = scheme.refresh_slots(worker, step, versions, settings.refresh_over, first)
-        for k in (*catch_up, *scheme.fresh_slots(step, worker)):
-            loss, buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(step, k))
-            versions[k] = step
-            losses.append(loss)
-        np.dot(coef, buffers, out=coded)
-        _put_on_wire(link, coded)
-        took, real = pad_compute(began, len(losses), settings.compute_time, link.stop_requested)
+        slots = (*catch_up, *scheme.fresh_slots(step, worker))
+        # a worker's first job of a start is never abandoned (pgc_mpi.core.abandon)
+        check = functools.partial(watch.check, step) if watch is not None and step != first else _no_check
+        kept = [(k, buffers[k].copy(), versions[k]) for k in slots] if check is not _no_check else []
+        losses = []
+        try:
+            for k in slots:
+                if losses:
+                    check()
+                loss, buffers[k] = _gradient(problem, link.model, parts[k], scheme.draw_index(step, k), check)
+                versions[k] = step
+                losses.append(loss)
+            np.dot(coef, buffers, out=coded)
+            _put_on_wire(link, coded)
+            took, real, slept = emulate_job(began, len(slots), settings, delays.delay(worker, step), link, check)
+        except Abandoned:  # nothing of the job is kept or sent: the master answers with the newest model
+            for k, row, version in kept:
+                buffers[k], versions[k] = row, version
+            watch.answer(step)
+            step = link.next_model()
+            continue
         computed += len(losses)
-        slept = injected_delay(delays.delay(worker, step), link.stop_requested, link.fall_silent)
         link.write_header(Message(step, worker, tuple(versions), loss=float(np.mean(losses)), compute_time=took,
                                   delay=slept, gradients=len(losses), real_compute_time=real))
         _send(link, faults, worker, step)
         step = link.next_model()
+    if watch is not None:
+        watch.drain()
     link.confirm_stop()
     return computed
 

@@ -146,11 +146,6 @@ def _add_simulator_options(own: argparse._ArgumentGroup) -> None:
                      help="charge the master's own work (receive, decode, update, send) on the simulated clock "
                           "with this cost model (JSON, written by benchmarks/master_cost.py --fit) "
                           "(default: the master takes no time)")
-    own.add_argument("--abandon-late", action="store_true",
-                     help="a worker whose step the master has decided without it stops at its next check point "
-                          "(after a forward pass, between micro-batches) and takes the newest model, instead of "
-                          "finishing a message that would be discarded (schemes other than dgd and pbs; "
-                          "docs/ALGORITHMS.md §11) (default: off)")
     own.add_argument("--seeds", type=int, default=1,
                      help="run every scheme with seeds SEED, SEED+1, ... (data, partitions and delays follow "
                           "the seed; the schemes of one seed see the same delays) and report mean±sd "
@@ -264,7 +259,7 @@ def configs_from_args(args: argparse.Namespace) -> dict[str, SimConfig]:
                            "replication": args.replication if name == "pbs" else None,
                            "adapt": args.adapt and name == "pbs"},
                         workers=args.workers, compute_time=args.compute_time, probe_every=args.probe_every,
-                        eval_every=target.eval_every, master_cost=args.master_cost, abandon_late=args.abandon_late,
+                        eval_every=target.eval_every, master_cost=args.master_cost,
                         **stop)
         for name in schemes
     }

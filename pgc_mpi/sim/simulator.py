@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import SimConfig
-from ..core.abandon import abandons, next_check_point
+from ..core.abandon import next_check_point
 from ..core.collector import CodedCollector, Decoded, TableCollector, make_collector
 from ..core.message import Layout, Message, buffers_per_message, gradient_header
 from ..core.schemes import CodedScheme, PbsScheme
@@ -154,7 +154,7 @@ class SimWorkers:
         self.wire = wire_format(cfg.wire_dtype, np.float64)  # messages as the master receives them (--wire-dtype)
         self._attempts: dict[tuple[int, int], int] = {}  # pbs: computations per (worker, model)
         self._events: list[tuple[float, int, int, int, float]] = []  # (end, worker, version, count, delay)
-        self.abandon_late = cfg.abandon_late and abandons(scheme.name)
+        self.abandon_late = cfg.abandons_late()
         self.began = [0.0] * n  # when each worker's current job began
         self.job = [0] * n  # the version each worker's current job computes for
         self.finished = [0] * n  # jobs each worker has finished (its first is never abandoned)
