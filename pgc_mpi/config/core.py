@@ -12,6 +12,7 @@ from typing import Any
 
 from ..choices import DEADLINE_POLICIES, LR_SCHEDULES, MODELS, OPTIMIZERS, PEER_SCHEMES
 from ..core.abandon import abandons
+from ..core.drop_compute import DROPS_COMPUTE
 from ..core.schemes import FR_DECODE_RULES, ON_STALE, SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
 from ..core.stragglers import USAGE as DELAY_USAGE
 from ..core.stragglers import DelayModel
@@ -94,6 +95,7 @@ class CoreConfig:
     clip_grad_norm: float | None = None
     accumulate: int = 1
     abandon_late: bool = False
+    drop_compute: float | None = None
 
     def abandons_late(self) -> bool:
         """Whether workers drop decided jobs: --abandon-late with a scheme that may (pgc_mpi.core.abandon)."""
@@ -170,10 +172,24 @@ class CoreConfig:
         if self.clip_grad_norm is not None:
             _positive("clip-grad-norm", self.clip_grad_norm)
         _positive_int("accumulate", self.accumulate)
+        if self.drop_compute is not None:
+            self._check_drop_compute()
         if self.adapt and (self.lr_schedule != "constant" or self.warmup_steps):
             raise ConfigError(f"--adapt and --lr-schedule {self.lr_schedule}"
                               f"{f' --warmup-steps {self.warmup_steps}' if self.warmup_steps else ''} both set the "
                               f"learning rate: use one of them (pbs's --adapt with a constant --lr)")
+
+    def _check_drop_compute(self) -> None:
+        _positive("drop-compute", self.drop_compute)
+        if self.scheme not in DROPS_COMPUTE:
+            instead = ("run --scheme dgd, the same gradients through the parameter server (ddp's DropCompute is not "
+                       "in this version)" if self.scheme in PEER_SCHEMES else
+                       "its stragglers are skipped already; --abandon-late drops their decided jobs")
+            raise ConfigError(f"--drop-compute applies to dgd (DropCompute shortens the jobs it waits for), not "
+                              f"{self.scheme}: {instead}")
+        if self.accumulate < 2:
+            raise ConfigError(f"--drop-compute {self.drop_compute} stops a job between its micro-batches: give "
+                              f"--accumulate K >= 2 (K micro-batches per gradient)")
 
     # Whether --optimizer may name a factory PATH:NAME (pgc-train's; the simulator takes the built-ins).
     takes_plugins = False

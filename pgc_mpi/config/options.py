@@ -56,6 +56,9 @@ _HELP = {
     "abandon_late": "a worker whose step the master has decided without it stops at its next check point (after "
                     "a forward pass, between micro-batches) and takes the newest model, instead of finishing a "
                     "message that would be discarded (schemes other than dgd, ddp and pbs; docs/ALGORITHMS.md §11)",
+    "drop_compute": "DropCompute (dgd): a worker starts no more micro-batches once its job has run this many "
+                    "seconds and sends those done; the master averages over the micro-batches computed (needs "
+                    "--accumulate >= 2; docs/ALGORITHMS.md §12)",
     "accumulate": "each partition gradient is the mean over this many micro-batches of --batch-size (a larger "
                   "minibatch at the same memory)",
     "scheduler": "PATH:NAME of your factory optimizer -> torch LRScheduler, stepped once per update (instead of "

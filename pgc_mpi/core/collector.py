@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import NotDecodable, PgcError
+from .drop_compute import DROPS_COMPUTE
 from .message import Message, MessageRecord
 from .schemes import CodedScheme, PbsScheme, staleness
 
@@ -130,6 +131,7 @@ class CodedCollector(_Collector):
         self.versions: dict[int, list[int]] = {}
         self.refreshed = 0  # catch-up gradients (--on-stale refresh) in this step's messages
         self.summed: list[int] = []  # messages already added into grad (streaming decoders)
+        self.shares = 0.0  # the summed messages' computed shares (< their count once --drop-compute dropped)
         self._tracker = self.scheme.tracker()
 
     def offer(self, msg: Message, payload: Payload, loss: LazyLoss = None) -> str:
@@ -166,6 +168,7 @@ class CodedCollector(_Collector):
         elif self._tracker.counted:  # decode while waiting: add it now
             self.grad += resolve(payload)
             self.summed.append(i)
+            self.shares += msg.computed_share
 
     def ready(self) -> bool:
         """Whether the scheme's decode condition holds for the arrivals so far."""
@@ -181,7 +184,9 @@ class CodedCollector(_Collector):
         if self.summed:
             if self.summed != used:
                 raise RuntimeError(f"streamed {self.summed} but the decoder used {used}")
-            self.grad *= self.grad.dtype.type(a[used[0]])
+            # dgd with --drop-compute: the mean over the micro-batches computed (core.drop_compute)
+            dropped = self.scheme.name in DROPS_COMPUTE and self.shares < len(self.summed)
+            self.grad *= self.grad.dtype.type(1.0 / self.shares if dropped else a[used[0]])
         else:
             for i in used:
                 self.grad += self.grad.dtype.type(a[i]) * resolve(self.held[i])
@@ -203,7 +208,8 @@ class CodedCollector(_Collector):
         return None
 
     def record(self, dec: Decoded, missed: bool) -> dict:
-        return {**super().record(dec, missed), "versions": dict(self.versions), "refreshed": self.refreshed}
+        dropped = {"computed_share": self.shares / len(self.summed)} if self.shares < len(self.summed) else {}
+        return {**super().record(dec, missed), "versions": dict(self.versions), "refreshed": self.refreshed, **dropped}
 
 
 class TableCollector(_Collector):

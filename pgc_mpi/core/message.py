@@ -26,6 +26,7 @@ GRADIENT_FIELDS: tuple[tuple[str, type], ...] = (
     ("real_compute_time", np.float64),  # of which the gradient computations themselves (the rest is sleep)
     ("delay", np.float64),  # injected straggler delay in seconds
     ("gradients", np.int64),  # partition gradients computed for this message
+    ("computed_share", np.float64),  # of its micro-batches (1: all; less when DropCompute cut them short)
 )
 MODEL_HEADER = np.dtype([("step", np.int64)])
 
@@ -71,6 +72,7 @@ class Message:
     delay: float = 0.0
     gradients: int = 1
     real_compute_time: float = math.nan  # nan where nothing real was computed (the simulator)
+    computed_share: float = 1.0  # --drop-compute: the share of the micro-batches computed (core.drop_compute)
     # Not on the wire: the receiver's own measure (MessageRecord.turnaround), set before the record
     turnaround: float = math.nan
 

@@ -307,18 +307,20 @@ class Accumulated:
         return self.loss_and_grad(w, partition, draw)[1]
 
     def loss_and_grad(self, w: np.ndarray, partition: int, draw: int,
-                      between: Callable[[], None] | None = None) -> tuple[float, np.ndarray]:
-        """`between`: called between two micro-batches (--abandon-late's check points: it may raise)."""
+                      between: Callable[[int], bool | None] | None = None) -> tuple[float, np.ndarray]:
+        """`between(j)` is called after j micro-batches (0 < j < K): it may raise (--abandon-late's
+        check points), and a true answer stops there (--drop-compute): the gradient is then the sum
+        of the j micro-batches' over K, the loss their mean."""
         k = self.micro_batches
         loss, total = self.inner.loss_and_grad(w, partition, k * draw)
-        for j in range(1, k):
-            if between is not None:
-                between()
-            more, grad = self.inner.loss_and_grad(w, partition, k * draw + j)
+        done = 1
+        while done < k and not (between is not None and between(done)):
+            more, grad = self.inner.loss_and_grad(w, partition, k * draw + done)
             loss += more
             total += grad
+            done += 1
         total /= k
-        return loss / k, total
+        return loss / done, total
 
 
 def with_sampling(problem: Problem, fixed_minibatch: bool, accumulate: int = 1) -> Problem:

@@ -268,8 +268,7 @@ def _train(cfg: TrainConfig, state, comm, log, start: dict, plan: DevicePlan, pa
     header = gradient_header(buffers_per_message(scheme))
     if rank >= servers:
         layout = Layout(header, problem.dim, wire.storage)
-        settings = WorkerSettings(tuple(parse_faults(cfg.fault, n, elastic=cfg.resume is not None)),
-                                  cfg.refresh_over(scheme), cfg.compute_time, cfg.accumulate, cfg.abandons_late())
+        settings = WorkerSettings.of(cfg, scheme)
         link = WorkerTransport(comm, layout, cfg.poll_interval, wire, shard_bounds(problem.dim, servers)
                                if servers > 1 else None, heartbeat=heartbeat_interval(cfg.lost_after))
         computed = run_worker(rank - servers, scheme, problem, link, DelayModel(cfg.delay, n, seed=cfg.seed),

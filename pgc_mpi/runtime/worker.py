@@ -10,10 +10,12 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..core.faults import Fault, active, for_start
+from ..core.drop_compute import micro_batches_done
+from ..core.faults import Fault, active, for_start, parse_faults
 from ..core.message import Message
 from ..core.schemes import CodedScheme, PbsScheme
 from ..core.stragglers import DelayModel
@@ -22,6 +24,9 @@ from ..errors import PgcError
 from ..learning.problems import Accumulated, Problem
 from .abandon import Abandoned, DecidedWatch, remaining_check_points
 from .transport import WorkerTransport
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
 
 log = logging.getLogger("pgc_mpi")
 
@@ -38,6 +43,13 @@ class WorkerSettings:
     compute_time: float | None = None
     micro_batches: int = 1  # --accumulate: the micro-batches of a partition gradient (its check points)
     abandon_late: bool = False  # drop a decided job at a check point (pgc_mpi.runtime.abandon)
+    drop_compute: float | None = None  # DropCompute's threshold in seconds (pgc_mpi.core.drop_compute)
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, scheme: CodedScheme | PbsScheme) -> WorkerSettings:
+        """A run's worker settings (a resumed start drops faults that name a worker it lacks)."""
+        return cls(tuple(parse_faults(cfg.fault, scheme.n, elastic=cfg.resume is not None)), cfg.refresh_over(scheme),
+                   cfg.compute_time, cfg.accumulate, cfg.abandons_late(), cfg.drop_compute)
 
 
 def _never() -> bool:
@@ -81,17 +93,18 @@ def _no_check() -> None:
 
 
 def emulate_job(began: float, gradients: int, settings: WorkerSettings, delay: float, link: WorkerTransport,
-                check: Callable[[], None] = _no_check) -> tuple[float, float, float]:
+                check: Callable[[], None] = _no_check, done: float = 1.0) -> tuple[float, float, float]:
     """The rest of a job whose gradients are computed: (compute time, real compute time, delay).
     It sleeps out --compute-time and then the injected `delay`; with a `check` (--abandon-late)
-    the delay is slowness of the computation instead, so the same span is slept through the job's
-    check points (pgc_mpi.core.abandon), where `check` may raise Abandoned. A hang checks nothing."""
-    if check is _no_check or delay == math.inf:
+    or `done` < 1 (the share of the micro-batches --drop-compute let it compute) the delay is
+    slowness of the computation instead: the job's share `done` of the span is slept, through
+    its check points (pgc_mpi.core.abandon), where `check` may raise Abandoned. A hang checks nothing."""
+    if (check is _no_check and done == 1.0) or delay == math.inf:
         took, real = pad_compute(began, gradients, settings.compute_time, link.stop_requested)
         return took, real, injected_delay(delay, link.stop_requested, link.fall_silent)
     now = time.perf_counter()
     real = now - began
-    took = max(real, gradients * (settings.compute_time or 0.0))
+    took, delay = max(real, done * gradients * (settings.compute_time or 0.0)), done * delay
     until = began + took + delay
     for point in remaining_check_points(began, until, gradients * settings.micro_batches, now):
         _sleep_until(point, link.stop_requested)
@@ -101,11 +114,36 @@ def emulate_job(began: float, gradients: int, settings: WorkerSettings, delay: f
 
 
 def _gradient(problem: Problem, w: np.ndarray, part: int, draw: int,
-              check: Callable[[], None]) -> tuple[float, np.ndarray]:
-    """A partition gradient; with --accumulate, `check` runs between its micro-batches."""
-    if isinstance(problem, Accumulated) and check is not _no_check:
-        return problem.loss_and_grad(w, part, draw, between=check)
+              between: Callable[[int], bool | None] | None) -> tuple[float, np.ndarray]:
+    """A partition gradient; with --accumulate, `between` runs between its micro-batches
+    (pgc_mpi.learning.problems.Accumulated: an abandon's check, or DropCompute's stop)."""
+    if isinstance(problem, Accumulated) and between is not None:
+        return problem.loss_and_grad(w, part, draw, between=between)
     return problem.loss_and_grad(w, part, draw)
+
+
+def _between_micro_batches(check: Callable[[], None]) -> Callable[[int], None]:
+    """An abandon's check as Accumulated's `between` (it raises or lets the job go on)."""
+    return lambda _done: check()
+
+
+class _Dropping:
+    """--drop-compute: whether a job starts no more micro-batches (pgc_mpi.core.drop_compute), in
+    emulated time (the job's compute and delay spread over its micro-batches) or real time."""
+
+    def __init__(self, began: float, job: float, micro_batches: int, threshold: float):
+        self.began, self.threshold, self.micro_batches = began, threshold, micro_batches
+        self.limit = micro_batches_done(job, micro_batches, threshold)
+        self.done = micro_batches
+
+    def __call__(self, done: int) -> bool:
+        if done >= self.limit or time.perf_counter() - self.began > self.threshold:
+            self.done = done
+            return True
+        return False
+
+    def share(self) -> float:
+        return self.done / self.micro_batches
 
 
 def _send(link: WorkerTransport, faults: tuple[Fault, ...], worker: int, step: int) -> None:
@@ -174,17 +212,22 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
         # a worker's first job of a start is never abandoned (pgc_mpi.core.abandon)
         check = functools.partial(watch.check, step) if watch is not None and step != first else _no_check
         kept = [(k, buffers[k].copy(), versions[k]) for k in slots] if check is not _no_check else []
+        delay = delays.delay(worker, step)
+        drop = (_Dropping(began, len(slots) * (settings.compute_time or 0.0) + delay, settings.micro_batches,
+                          settings.drop_compute) if settings.drop_compute is not None else None)
+        between = drop or (_between_micro_batches(check) if check is not _no_check else None)
         losses = []
         try:
             for k in slots:
                 if losses:
                     check()
-                loss, buffers[k] = _gradient(problem, link.model, parts[k], scheme.draw_index(step, k), check)
+                loss, buffers[k] = _gradient(problem, link.model, parts[k], scheme.draw_index(step, k), between)
                 versions[k] = step
                 losses.append(loss)
             np.dot(coef, buffers, out=coded)
             _put_on_wire(link, coded)
-            took, real, slept = emulate_job(began, len(slots), settings, delays.delay(worker, step), link, check)
+            took, real, slept = emulate_job(began, len(slots), settings, delay, link, check,
+                                            drop.share() if drop else 1.0)
         except Abandoned:  # nothing of the job is kept or sent: the master answers with the newest model
             for k, row, version in kept:
                 buffers[k], versions[k] = row, version
@@ -193,7 +236,8 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
             continue
         computed += len(losses)
         link.write_header(Message(step, worker, tuple(versions), loss=float(np.mean(losses)), compute_time=took,
-                                  delay=slept, gradients=len(losses), real_compute_time=real))
+                                  delay=slept, gradients=len(losses), real_compute_time=real,
+                                  computed_share=drop.share() if drop else 1.0))
         _send(link, faults, worker, step)
         step = link.next_model()
     if watch is not None:

@@ -22,7 +22,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,6 +30,7 @@ import numpy as np
 from ..config import SimConfig
 from ..core.abandon import next_check_point
 from ..core.collector import CodedCollector, Decoded, TableCollector, make_collector
+from ..core.drop_compute import DROPS_COMPUTE, micro_batches_done
 from ..core.message import Layout, Message, buffers_per_message, gradient_header
 from ..core.schemes import CodedScheme, PbsScheme
 from ..core.stragglers import DelayModel
@@ -39,6 +40,7 @@ from ..learning.optim import FlatOptimizer, Recipe
 from ..learning.problems import Problem, accuracy_key, loss_key, with_sampling
 from ..runs.metrics import master_times
 from .master_cost import load as load_master_cost
+from .messages import MessageBuilder
 
 if TYPE_CHECKING:
     from ..runs.checkpoint import Checkpoint
@@ -73,61 +75,6 @@ class SimResult:
         return float(np.median([r["step_time"] for r in self.records])) if self.records else math.nan
 
 
-class MessageBuilder:
-    """Builds the gradients and coded messages a worker would have sent, from their versions.
-
-    A buffer of version v for slot k is the gradient of partition placement[i][k] at the model
-    of step max(v, 0) on minibatch draw_index(v, k). Gradients and their minibatch losses are
-    cached by (partition, version, draw) because the c holders of a partition often compute the
-    very same one.
-    """
-
-    def __init__(self, scheme: CodedScheme | PbsScheme, problem: Problem):
-        self.scheme, self.problem = scheme, problem
-        self.models: dict[int, np.ndarray] = {}
-        self._cache: dict[tuple[int, int, int], tuple[float, np.ndarray]] = {}
-
-    def add_model(self, version: int, w: np.ndarray) -> None:
-        """Keep the parameters of model `version` for gradients computed at it."""
-        self.models[version] = w.copy()
-
-    def _computed(self, partition: int, version: int, draw: int) -> tuple[float, np.ndarray]:
-        key = (partition, version, draw)
-        if key not in self._cache:
-            self._cache[key] = self.problem.loss_and_grad(self.models[max(version, 0)], partition, draw)
-        return self._cache[key]
-
-    def gradient(self, partition: int, version: int, draw: int) -> np.ndarray:
-        """The minibatch gradient of `partition` at model `version` (warm-up versions < 0: model 0)."""
-        return self._computed(partition, version, draw)[1]
-
-    def loss(self, partition: int, version: int, draw: int) -> float:
-        """That minibatch's loss (the gradient's companion: computed, and cached, together)."""
-        return self._computed(partition, version, draw)[0]
-
-    def message_loss(self, worker: int, version: int, slots: tuple[int, ...]) -> float:
-        """The loss a worker reports with its message for step `version`: the mean minibatch loss
-        of the slots it computed fresh for that step (as worker.py does; catch-up slots excluded)."""
-        parts = self.scheme.placement[worker]
-        return float(np.mean([self.loss(parts[k], version, self.scheme.draw_index(version, k)) for k in slots]))
-
-    def message(self, worker: int, versions: list[int]) -> np.ndarray:
-        """Worker's coded message m_i = sum_k B[i, placement[i][k]] * buffer_k."""
-        coef = self.scheme.coefficients(worker)
-        parts = self.scheme.placement[worker]
-        out = np.zeros(self.problem.dim)
-        for k, v in enumerate(versions):
-            out += coef[k] * self.gradient(parts[k], v, self.scheme.draw_index(v, k))
-        return out
-
-    def forget_before(self, version: int) -> None:
-        """Drop models and gradients older than `version` (no buffer refers to them any more)."""
-        for v in [v for v in self.models if v < version]:
-            del self.models[v]
-        for key in [k for k in self._cache if k[1] < version]:
-            del self._cache[key]
-
-
 class SimWorkers:
     """The workers' side of the simulator: when each job ends and what its message then holds.
 
@@ -136,7 +83,8 @@ class SimWorkers:
     stored partition at the newest model; the master answers every pbs message at once with the
     current model, except the ones that complete a step (their workers wait for the next). With
     --abandon-late a coded worker whose step is decided stops at its next check point
-    (pgc_mpi.core.abandon) and takes the newest model then, keeping nothing of the job.
+    (pgc_mpi.core.abandon) and takes the newest model then, keeping nothing of the job. With
+    --drop-compute a dgd worker stops its job's micro-batches at the threshold (core.drop_compute).
     """
 
     def __init__(self, scheme: CodedScheme | PbsScheme, cfg: SimConfig, builder: MessageBuilder):
@@ -160,6 +108,8 @@ class SimWorkers:
         self.finished = [0] * n  # jobs each worker has finished (its first is never abandoned)
         self._cancelled: set[tuple[int, int]] = set()  # (worker, count) of the jobs abandoned
         self._stops: list[tuple[float, int]] = []  # (when, worker): abandoning workers reach their check points
+        self.drop = cfg.drop_compute if scheme.name in DROPS_COMPUTE else None
+        self.done = [cfg.accumulate] * n  # --drop-compute: the micro-batches of each worker's current job
 
     def first_start(self) -> float:
         """When the first jobs can start: after the pipelined schemes' warm-up gradients."""
@@ -180,6 +130,10 @@ class SimWorkers:
             self.slots[worker] = (*catch_up, *self.scheme.fresh_slots(version, worker))
             work = self.cfg.compute_time * len(self.slots[worker])
             delay = self.delays.delay(worker, version)
+            if self.drop is not None:  # the job's time is its micro-batches', and it stops some early
+                micro = self.cfg.accumulate
+                self.done[worker] = micro_batches_done(work + delay, micro, self.drop)
+                work, delay = work * self.done[worker] / micro, delay * self.done[worker] / micro
         self.until[worker] = at + work + delay
         heapq.heappush(self._events, (self.until[worker], worker, version, self.count[worker], delay))
         self.count[worker] += 1
@@ -246,8 +200,12 @@ class SimWorkers:
         computed = self.slots[worker]
         for k in computed:
             self.versions[worker][k] = version
+        share = self.done[worker] / self.cfg.accumulate
         msg = Message(version, worker, tuple(self.versions[worker]), delay=delay, gradients=len(computed),
-                      compute_time=self.cfg.compute_time * len(computed))
+                      compute_time=self.cfg.compute_time * len(computed) * share, computed_share=share)
+        if share < 1.0:  # --drop-compute cut it short: the partial sum (pgc_mpi.core.drop_compute)
+            loss_and_message = cache(partial(self.builder.dropped, worker, version, self.done[worker]))
+            return at, msg, self._on_wire(lambda: loss_and_message()[1]), lambda: loss_and_message()[0]
         fresh = self.scheme.fresh_slots(version, worker)
         # the versions as they are now: the worker's list changes with its next job
         return (at, msg, self._on_wire(partial(self.builder.message, worker, list(msg.versions))),
