@@ -11,7 +11,8 @@ intervals: the mean step of both under MPI, their ratio (abandon / finish, paire
 simulator's ratio, MPI's mean step over the simulator's for both (the simulator charges the
 master nothing, so above 1 by the master's own work), the jobs abandoned per step under MPI and
 in the simulator, and the fresh-start floor (benchmarks/abandon_late.py). Runs already finished
-in `--out` are reused, so an interrupted benchmark resumes.
+in `--out` are reused, so an interrupted benchmark resumes. dgd never abandons: its rows compare
+it with DropCompute at `--drop-compute` seconds instead (pgc_mpi.core.drop_compute).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from abandon_late import fresh_floor
+from abandon_late import add_problem_options, fresh_floor
 
 from pgc_mpi.config import SimConfig
 from pgc_mpi.learning.models import load_problem
@@ -31,7 +32,7 @@ from pgc_mpi.runs.results import read_steps, run_completed
 from pgc_mpi.runs.stats import Interval, interval
 from pgc_mpi.sim.simulator import simulate
 
-CANDIDATES = ("dgd:1", "is-sgd:1", "pgc-fr:1", "pgc-fr:2", "pgc-cr:1", "pgc-cr:2")
+CANDIDATES = ("dgd:0", "is-sgd:1", "pgc-fr:1", "pgc-fr:2", "pgc-cr:1", "pgc-cr:2")
 DELAYS = ("exp:0.05", "markov:0.05:0.25:0.2")
 
 
@@ -42,29 +43,42 @@ def _common(args: argparse.Namespace, scheme: str, s: int, delay: str, seed: int
             "--seed", str(seed)]
 
 
+def _variant(args: argparse.Namespace, scheme: str, changed: bool) -> dict:
+    """The settings of a run: as they are, or changed (--abandon-late; dgd: --drop-compute)."""
+    if not changed:
+        return {}
+    return {"drop_compute": args.drop_compute} if scheme == "dgd" else {"abandon_late": True}
+
+
 def mpi_run(args: argparse.Namespace, out: Path, scheme: str, s: int, delay: str, seed: int,
-            abandon: bool) -> tuple[float, float]:
-    """(mean step, jobs abandoned per step) of one pgc-train run under mpiexec (reused when finished)."""
+            changed: bool) -> tuple[float, float, float]:
+    """_means of one pgc-train run under mpiexec (reused when finished)."""
     if not run_completed(out):
+        flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}")
+                 for k, v in _variant(args, scheme, changed).items()]
         cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(args.workers + 1), sys.executable, "-m",
                "pgc_mpi", "train", *_common(args, scheme, s, delay, seed), "--eval-every", str(args.steps),
-               "--out", str(out), "--overwrite", *(["--abandon-late"] if abandon else [])]
+               "--out", str(out), "--overwrite", *flags]
         env = {**os.environ, "MPIEXEC_TIMEOUT": "600", "OMP_NUM_THREADS": "1"}
         subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=660)
     records = read_steps(out)
-    return (float(np.mean([r["step_time"] for r in records])),
-            float(np.mean([r.get("abandoned", 0) for r in records])))
+    return _means(records)
 
 
 def sim_run(args: argparse.Namespace, scheme: str, s: int, delay: str, seed: int,
-            abandon: bool) -> tuple[float, float]:
-    """(mean step, jobs abandoned per step) of the same run in the simulator."""
+            changed: bool) -> tuple[float, float, float]:
+    """_means of the same run in the simulator."""
     cfg = SimConfig(scheme=scheme, workers=args.workers, stragglers=s, steps=args.steps, lr=args.lr,
                     accumulate=args.accumulate, delay=delay, seed=seed, compute_time=args.compute_time,
-                    eval_every=args.steps, abandon_late=abandon)
+                    eval_every=args.steps, **_variant(args, scheme, changed))
     result = simulate(cfg, load_problem(args.dataset, args.model, args.workers, args.batch_size, seed=seed))
-    return (float(np.mean([r["step_time"] for r in result.records])),
-            float(np.mean([r.get("abandoned", 0) for r in result.records])))
+    return _means(result.records)
+
+
+def _means(records: list[dict]) -> tuple[float, float, float]:
+    """(mean step, jobs abandoned per step, share of the micro-batches computed) of a run's records."""
+    return (float(np.mean([r["step_time"] for r in records])), float(np.mean([r.get("abandoned", 0) for r in records])),
+            float(np.mean([r.get("computed_share", 1.0) for r in records])))
 
 
 def _fmt(i: Interval, digits: int = 3) -> str:
@@ -74,12 +88,13 @@ def _fmt(i: Interval, digits: int = 3) -> str:
 def row(args: argparse.Namespace, delay: str, scheme: str, s: int) -> str:
     """One table row (markdown); progress on stderr."""
     got: dict[tuple[str, bool], list[tuple[float, float]]] = {}
-    modes = (False,) if scheme == "dgd" else (False, True)  # dgd never abandons: the flag changes nothing
+    modes = (False, True) if scheme != "dgd" or args.drop_compute else (False,)
     for abandon in modes:
         for where in ("mpi", "sim"):
             got[where, abandon] = []
             for seed in args.seeds:
-                out = args.out / f"{delay.replace(':', '_')}-{scheme}-s{s}-seed{seed}{'-abandon' if abandon else ''}"
+                suffix = ("" if not abandon else "-abandon" if scheme != "dgd" else f"-drop{args.drop_compute:g}")
+                out = args.out / f"{delay.replace(':', '_')}-{scheme}-s{s}-seed{seed}{suffix}"
                 value = (mpi_run(args, out, scheme, s, delay, seed, abandon) if where == "mpi" else
                          sim_run(args, scheme, s, delay, seed, abandon))
                 got[where, abandon].append(value)
@@ -89,14 +104,17 @@ def row(args: argparse.Namespace, delay: str, scheme: str, s: int) -> str:
                       for seed in args.seeds])
     finish = interval(steps["mpi", False])
     fit_finish = interval([m / p for m, p in zip(steps["mpi", False], steps["sim", False])])
-    if scheme == "dgd":
+    if ("mpi", True) not in steps:
         return f"| {delay} | {scheme} | - | {_fmt(finish)} | - | - | - | {_fmt(fit_finish)} | - | - | {_fmt(floor)} |"
+    if scheme == "dgd":
+        scheme = f"dgd, DropCompute {args.drop_compute:g} s"
     abandon = interval(steps["mpi", True])
     ratio = interval([a / f for a, f in zip(steps["mpi", True], steps["mpi", False])])
     predicted = interval([a / f for a, f in zip(steps["sim", True], steps["sim", False])])
     fit_abandon = interval([m / p for m, p in zip(steps["mpi", True], steps["sim", True])])
-    dropped = (f"{np.mean([v[1] for v in got['mpi', True]]):.2f} / "
-               f"{np.mean([v[1] for v in got['sim', True]]):.2f}")
+    what = 2 if scheme.startswith("dgd") else 1  # dgd: the share computed; the others: jobs abandoned
+    dropped = (f"{np.mean([v[what] for v in got['mpi', True]]):.2f} / "
+               f"{np.mean([v[what] for v in got['sim', True]]):.2f}{' computed' if what == 2 else ''}")
     return (f"| {delay} | {scheme} | {s} | {_fmt(finish)} | {_fmt(abandon)} | {_fmt(ratio)} | {_fmt(predicted)} "
             f"| {_fmt(fit_finish)} | {_fmt(fit_abandon)} | {dropped} | {_fmt(floor)} |")
 
@@ -107,20 +125,15 @@ def main() -> None:
     p.add_argument("--candidates", default=",".join(CANDIDATES), help="scheme:s pairs")
     p.add_argument("--delays", default=",".join(DELAYS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--workers", type=int, default=12)
-    p.add_argument("--dataset", default="digits")
-    p.add_argument("--model", default="logreg")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--accumulate", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1.0)
-    p.add_argument("--compute-time", type=float, default=0.05)
+    add_problem_options(p)
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--drop-compute", type=float, default=None, help="DropCompute's threshold for the dgd rows")
     args = p.parse_args()
     print(f"{args.workers} workers, {args.model} on {args.dataset}, {args.batch_size} x {args.accumulate} "
           f"micro-batches per partition gradient, compute {args.compute_time} s per gradient, {args.steps} steps, "
           f"seeds {args.seeds}; mean [95% interval] over the seeds; step times in seconds\n")
     print("| delay | scheme | s | MPI mean step: finish | abandon | ratio | simulated ratio | MPI / sim: finish "
-          "| abandon | abandoned per step: MPI / sim | fresh-start floor |")
+          "| abandon | abandoned per step (dgd: share computed): MPI / sim | fresh-start floor |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for delay in args.delays.split(","):
         for candidate in args.candidates.split(","):
