@@ -27,13 +27,15 @@ def _messages(out, worker: int | None = None) -> list[MessageRecord]:
 @pytest.mark.parametrize("scheme", ["is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "is-gc-cr", "pgc-fr", "pgc-cr"])
 def test_abandoned_steps_leave_decoding_as_the_scheme_makes_it(tmp_path, scheme):
     """float64, delays of mean 2x the emulated 50 ms a gradient, 4 micro-batches per gradient (8
-    check points a gradient job): workers drop decided jobs, and replaying the messages that came (their steps and buffer versions)
-    in the simulator gives the MPI master's parameters at every step: nothing of a dropped job
-    reached a message, and every message sent is one the scheme decodes as without the flag."""
+    check points a gradient job): workers drop decided jobs, and replaying the messages that came
+    (their steps and buffer versions) in the simulator gives the MPI master's parameters at every
+    step: nothing of a dropped job reached a message, and every message sent is one the scheme
+    decodes as without the flag."""
     out = tmp_path / "run"
     steps = 16
     proc = run_train(5, ["--scheme", scheme, "-s", "1", "--steps", str(steps), "--dtype", "float64",
-                         "--batch-size", "16", "--accumulate", "4", "--lr", "0.5", "--seed", "3", "--record-params", "--eval-every", "100",
+                         "--batch-size", "16", "--accumulate", "4", "--lr", "0.5", "--seed", "3", "--record-params",
+                         "--eval-every", "100",
                          "--compute-time", "0.05", "--delay", "exp:0.1", "--abandon-late", "--grace", "5",
                          "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
