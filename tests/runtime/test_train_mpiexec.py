@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pgc_mpi.core.message import GRADIENT_FIELDS
 from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.learning.datasets import load_digits
 from pgc_mpi.learning.models import TorchProblem
@@ -285,7 +286,7 @@ def test_narrow_wire_messages_are_rounded_by_workers_and_widened_by_the_master(t
     records = steps_of(out)
     problem = TorchProblem("logreg", load_digits(3), n, 16, seed=3, dtype="float64")
     messages = sum(len(r["messages"]) for r in records)
-    header = 8 * (8 + (1 if scheme == "pbs" else 2))  # 8 named fields, then one version per buffer
+    header = 8 * (len(GRADIENT_FIELDS) + (1 if scheme == "pbs" else 2))  # the named fields, then one version per buffer
     assert records[-1]["bytes_received"] == messages * (header + 2 * problem.dim)
     assert all(m[5] != "rejected" for r in records for m in r["messages"])
     assert all(0 < r["wire_error"] < 0.05 for r in records)  # estimated, from the decode weights
