@@ -182,11 +182,9 @@ class CoreConfig:
     def _check_drop_compute(self) -> None:
         _positive("drop-compute", self.drop_compute)
         if self.scheme not in DROPS_COMPUTE:
-            instead = ("run --scheme dgd, the same gradients through the parameter server (ddp's DropCompute is not "
-                       "in this version)" if self.scheme in PEER_SCHEMES else
-                       "its stragglers are skipped already; --abandon-late drops their decided jobs")
-            raise ConfigError(f"--drop-compute applies to dgd (DropCompute shortens the jobs it waits for), not "
-                              f"{self.scheme}: {instead}")
+            raise ConfigError(f"--drop-compute applies to dgd and ddp (DropCompute shortens the jobs they wait for), "
+                              f"not {self.scheme}: its stragglers are skipped already; --abandon-late drops their "
+                              f"decided jobs")
         if self.accumulate < 2:
             raise ConfigError(f"--drop-compute {self.drop_compute} stops a job between its micro-batches: give "
                               f"--accumulate K >= 2 (K micro-batches per gradient)")

@@ -201,9 +201,6 @@ class TrainConfig(CoreConfig):
         if self.accumulate > 1 and self.batch_size is None:
             raise ConfigError(f"--accumulate {self.accumulate} averages micro-batches of --batch-size: give "
                               f"--batch-size (without it every gradient is of the whole partition)")
-        if self.accumulate > 1 and self.scheme in PEER_SCHEMES:
-            raise ConfigError(f"--accumulate is not supported with --scheme {self.scheme} in this version; use a "
-                              f"larger --batch-size, or dgd (the same update on the parameter server)")
         if self.servers > 1 and is_spec(self.optimizer):
             raise ConfigError(f"--optimizer {self.optimizer} with --servers {self.servers}: a user's optimizer may "
                               f"need whole tensors and param groups, which shards cut; use --servers 1, or a "

@@ -1,4 +1,4 @@
-"""DropCompute (Giladi et al., NeurIPS 2023), the all-reduce answer to stragglers, for dgd.
+"""DropCompute (Giladi et al., NeurIPS 2023), the all-reduce answer to stragglers, for dgd and ddp.
 
 A dgd worker computes its partition gradient as --accumulate K micro-batches. With
 --drop-compute SECONDS it starts no micro-batch once its job has run that long: it sends the
@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-# The schemes DropCompute applies to: dgd waits for every worker, so shortening the slowest
-# workers' jobs is its only lever (the coded schemes already skip stragglers).
-DROPS_COMPUTE = ("dgd",)
+# The schemes DropCompute applies to: dgd and ddp wait for every worker, so shortening the
+# slowest workers' jobs is their only lever (the coded schemes already skip stragglers). ddp runs
+# the same rule inside its all-reduce (pgc_mpi.runtime.ddp).
+DROPS_COMPUTE = ("dgd", "ddp")
 
 
 def micro_batches_done(job: float, micro_batches: int, threshold: float) -> int:

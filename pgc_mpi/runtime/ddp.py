@@ -62,6 +62,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
@@ -79,7 +80,7 @@ from .control import ControlSettings
 from .links import PeerInbox, PeerReporter
 from .master import RunTotals
 from .transport import barrier, duplicate_world
-from .worker import injected_delay, pad_compute
+from .worker import Dropping, injected_delay, pad_compute
 
 log = logging.getLogger("pgc_mpi")
 
@@ -87,7 +88,7 @@ log = logging.getLogger("pgc_mpi")
 REPORT = np.dtype([("step", np.int64), ("loss", np.float64), ("delay", np.float64), ("compute_time", np.float64),
                    ("real_compute_time", np.float64), ("allreduce_time", np.float64), ("step_time", np.float64),
                    ("wall_time", np.float64), ("diverged", np.int64),
-                   ("lr", np.float64), ("grad_norm", np.float64)])
+                   ("lr", np.float64), ("grad_norm", np.float64), ("computed_share", np.float64)])
 # Connecting to the rendezvous store and forming the group: long enough for a busy cluster node.
 RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=300)
 
@@ -160,10 +161,16 @@ class _StepClock:
     def begin(self, step: int) -> None:
         self.step, self.began = step, time.perf_counter()
 
-    def gradient_ready(self) -> None:
-        """The local gradient is complete: emulate the compute floor, then sleep the injected delay."""
-        self.compute_time, self.real_compute_time = pad_compute(self.began, 1, self.floor)
-        self.slept = injected_delay(self.delays.delay(self.worker, self.step))
+    def job(self) -> float:
+        """The step's emulated job (--compute-time's floor and the injected delay), for DropCompute."""
+        return (self.floor or 0.0) + self.delays.delay(self.worker, self.step)
+
+    def gradient_ready(self, share: float = 1.0) -> None:
+        """The local gradient is complete: emulate the compute floor, then sleep the injected delay;
+        of a job DropCompute cut to `share` of its micro-batches, that share of both (the delay is
+        slowness of the computation, as for dgd's workers: pgc_mpi.core.drop_compute)."""
+        self.compute_time, self.real_compute_time = pad_compute(self.began, share, self.floor)
+        self.slept = injected_delay(share * self.delays.delay(self.worker, self.step))
 
 
 def _delayed_allreduce(clock, bucket):  # no annotations: DDP checks them, and here they would be strings
@@ -184,6 +191,7 @@ class DdpWorker:
         self.cfg, self.peers, self.scheme, self.problem = cfg, peers, scheme, problem
         self.worker = peers.link.Get_rank() - 1
         self.partition = scheme.placement[self.worker][0]
+        self.micro_batches = cfg.accumulate
         problem.module.train()
         # running statistics (batch norm) stay local, as the parameter server's workers' do: rank 0
         # recalibrates them before evaluating (pgc_mpi.learning.models)
@@ -222,20 +230,55 @@ class DdpWorker:
         problem, clock = self.problem, self.clock
         clock.begin(t)
         problem.flat.flat_grad.zero_()
-        loss = problem.minibatch_loss(self.partition, self.scheme.draw_index(t, 0), module=self.model)
-        loss.backward()
+        if self.micro_batches == 1:
+            loss = problem.minibatch_loss(self.partition, self.scheme.draw_index(t, 0), module=self.model)
+            loss.backward()
+            loss, share = float(loss.detach()), 1.0
+        else:
+            loss, share = self._accumulated(t)
         averaged = time.perf_counter()
         problem.flat.check_views()
         np.copyto(self.opt.grad, problem.flat.grads)
         update = self.opt.step()
         report = np.zeros((), dtype=REPORT)
         report["lr"], report["grad_norm"] = update["lr"], update["grad_norm"]
-        report["step"], report["loss"], report["delay"] = t, float(loss.detach()), clock.slept
+        report["step"], report["loss"], report["delay"] = t, loss, clock.slept
+        report["computed_share"] = share
         report["compute_time"], report["real_compute_time"] = clock.compute_time, clock.real_compute_time
         report["allreduce_time"] = averaged - clock.began - clock.compute_time - clock.slept
         report["step_time"] = time.perf_counter() - clock.began
         report["diverged"] = not np.isfinite(self.w).all()  # (a sum would warn of its overflow)
         return report
+
+    def _accumulated(self, t: int) -> tuple[float, float]:
+        """--accumulate K: the micro-batches (draws K*d .. K*d+K-1, as dgd's Accumulated) under
+        no_sync, then one explicit all-reduce of the local mean; with --drop-compute the worker
+        starts no micro-batch past the threshold (pgc_mpi.core.drop_compute), and the sum of the
+        workers' shares divides the sum: the mean over every micro-batch computed. DDP's own
+        all-reduce at the last backward cannot serve here: whether a micro-batch is the last is
+        known only once it is done. Returns (the mean loss of the micro-batches done, their share)."""
+        problem, clock, k = self.problem, self.clock, self.micro_batches
+        first = k * self.scheme.draw_index(t, 0)
+        drop = (None if self.cfg.drop_compute is None else
+                Dropping(clock.began, clock.job(), k, self.cfg.drop_compute))
+        loss, done = 0.0, 0
+        with self.model.no_sync():
+            while done < k and not (done and drop is not None and drop(done)):
+                micro = problem.minibatch_loss(self.partition, first + done, module=self.model)
+                micro.backward()
+                loss += float(micro.detach())
+                done += 1
+        grad = problem.flat.flat_grad
+        grad.div_(k)  # the sum over K, as Accumulated (and a dgd worker's message)
+        share = done / k
+        clock.gradient_ready(share)
+        shares = torch.tensor([share], dtype=torch.float64)
+        dist.all_reduce(grad)
+        dist.all_reduce(shares)
+        # dgd's master: the mean of the n messages, or over the micro-batches computed (Collector)
+        dropped = float(shares) < self.scheme.n
+        grad.mul_(1.0 / float(shares) if dropped else 1.0 / self.scheme.n)
+        return loss / done, share
 
 
 @dataclass
@@ -315,7 +358,8 @@ class Monitor:
         collector.begin(t)
         for i, r in enumerate(self.reports):
             msg = Message(t, i, (t,), loss=float(r["loss"]), compute_time=float(r["compute_time"]),
-                          delay=float(r["delay"]), gradients=1, real_compute_time=float(r["real_compute_time"]))
+                          delay=float(r["delay"]), gradients=1, real_compute_time=float(r["real_compute_time"]),
+                          computed_share=float(r["computed_share"]))
             collector.offer(msg, self._nothing)
         record = collector.record(collector.decode(), False)
         self.totals.steps = t + 1

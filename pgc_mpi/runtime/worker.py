@@ -77,7 +77,7 @@ def injected_delay(seconds: float, interrupted: Callable[[], bool] = _never,
     return seconds
 
 
-def pad_compute(began: float, gradients: int, per_gradient: float | None,
+def pad_compute(began: float, gradients: float, per_gradient: float | None,
                 interrupted: Callable[[], bool] = _never) -> tuple[float, float]:
     """(compute time, real compute time) of `gradients` gradients computed since `began`: with
     --compute-time (`per_gradient`) the worker first sleeps out the rest of gradients x
@@ -127,7 +127,7 @@ def _between_micro_batches(check: Callable[[], None]) -> Callable[[int], None]:
     return lambda _done: check()
 
 
-class _Dropping:
+class Dropping:
     """--drop-compute: whether a job starts no more micro-batches (pgc_mpi.core.drop_compute), in
     emulated time (the job's compute and delay spread over its micro-batches) or real time."""
 
@@ -213,7 +213,7 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
         check = functools.partial(watch.check, step) if watch is not None and step != first else _no_check
         kept = [(k, buffers[k].copy(), versions[k]) for k in slots] if check is not _no_check else []
         delay = delays.delay(worker, step)
-        drop = (_Dropping(began, len(slots) * (settings.compute_time or 0.0) + delay, settings.micro_batches,
+        drop = (Dropping(began, len(slots) * (settings.compute_time or 0.0) + delay, settings.micro_batches,
                           settings.drop_compute) if settings.drop_compute is not None else None)
         between = drop or (_between_micro_batches(check) if check is not _no_check else None)
         losses = []

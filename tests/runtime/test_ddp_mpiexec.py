@@ -64,6 +64,15 @@ def test_ddp_follows_dgds_trajectory_with_adam(tmp_path):
     _same_trajectory(dgd, ddp)
 
 
+def test_ddp_accumulates_micro_batches_as_dgd_does(tmp_path):
+    """--accumulate 3: each peer's gradient is the mean of its 3 micro-batches (dgd's draws), then
+    one all-reduce: dgd's trajectory and losses."""
+    dgd, ddp, _ = _pair(tmp_path, 4, ["--accumulate", "3", "--batch-size", "8"])
+    _same_trajectory(dgd, ddp)
+    losses = [(a["train_loss"], b["train_loss"]) for a, b in zip(steps_of(dgd), steps_of(ddp), strict=True)]
+    assert np.allclose(*zip(*losses), rtol=0, atol=1e-10)
+
+
 def test_ddp_writes_the_outputs_of_every_scheme(sgd_pair):
     dgd, ddp, proc = sgd_pair
     config = json.loads((ddp / "config.json").read_text())

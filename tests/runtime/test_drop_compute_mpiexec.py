@@ -5,6 +5,7 @@ the simulator does (pgc_mpi.core.drop_compute, docs/ALGORITHMS.md §12)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pgc_mpi.config import SimConfig
 from pgc_mpi.learning.datasets import load_digits
@@ -14,17 +15,19 @@ from pgc_mpi.sim.simulator import simulate
 from helpers import run_train, steps_of
 
 
-def test_a_slow_worker_sends_what_it_computed_by_the_threshold_as_the_simulator_says(tmp_path):
-    """dgd on 4 workers, 4 micro-batches of 8 per gradient, 50 ms a gradient, worker 0 always
+@pytest.mark.parametrize("scheme", ["dgd", "ddp"])
+def test_a_slow_worker_sends_what_it_computed_by_the_threshold_as_the_simulator_says(tmp_path, scheme):
+    """dgd (and ddp, the same rule inside its all-reduce) on 4 workers, 4 micro-batches of 8 per gradient, 50 ms a gradient, worker 0 always
     0.15 s slower: its micro-batches take 50 ms each, the others' 12.5 ms. With --drop-compute
     0.07 worker 0 starts its first two only (the third would start at 0.1 s), the others all four:
     14 of 16 micro-batches per step, steps of about 0.1 s instead of 0.2, and the MPI master's
-    parameters equal the simulator's at every step (float64): the mean over the 14."""
+    parameters (ddp: worker 0's) equal the simulator's of dgd at every step (float64): the mean
+    over the 14."""
     out = tmp_path / "run"
     steps = 10
     common = dict(scheme="dgd", steps=steps, lr=0.5, momentum=0.0, accumulate=4, delay="fixed:0:0.15",
                   compute_time=0.05, drop_compute=0.07, seed=3)
-    proc = run_train(5, ["--scheme", "dgd", "--steps", str(steps), "--lr", "0.5", "--momentum", "0",
+    proc = run_train(5, ["--scheme", scheme, "--steps", str(steps), "--lr", "0.5", "--momentum", "0",
                          "--batch-size", "8", "--accumulate", "4", "--delay", "fixed:0:0.15", "--compute-time", "0.05",
                          "--drop-compute", "0.07", "--seed", "3", "--dtype", "float64", "--record-params",
                          "--eval-every", "100", "--out", str(out)])

@@ -52,6 +52,9 @@ def test_drop_compute_refuses_what_it_cannot_do_in_one_line(config, message):
         TrainConfig(batch_size=8, **config).validate(5)
 
 
-def test_ddp_is_pointed_to_dgd():
-    with pytest.raises(ConfigError, match="ddp"):
-        TrainConfig(scheme="ddp", batch_size=8, accumulate=4, drop_compute=0.1).validate(5)
+def test_ddp_takes_drop_compute_and_the_simulator_does_not_run_ddp():
+    TrainConfig(scheme="ddp", batch_size=8, accumulate=4, drop_compute=0.1).validate(5)
+    with pytest.raises(ConfigError, match="give --accumulate K >= 2"):
+        TrainConfig(scheme="ddp", batch_size=8, drop_compute=0.1).validate(5)
+    with pytest.raises(ConfigError, match="'ddp' runs only under pgc-train"):
+        SimConfig(scheme="ddp", accumulate=4, drop_compute=0.1)
