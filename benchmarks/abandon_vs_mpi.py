@@ -11,8 +11,10 @@ intervals: the mean step of both under MPI, their ratio (abandon / finish, paire
 simulator's ratio, MPI's mean step over the simulator's for both (the simulator charges the
 master nothing, so above 1 by the master's own work), the jobs abandoned per step under MPI and
 in the simulator, and the fresh-start floor (benchmarks/abandon_late.py). Runs already finished
-in `--out` are reused, so an interrupted benchmark resumes. dgd never abandons: its rows compare
-it with DropCompute at `--drop-compute` seconds instead (pgc_mpi.core.drop_compute).
+in `--out` are reused, so an interrupted benchmark resumes. dgd and ddp never abandon: their rows
+compare them with DropCompute at `--drop-compute` seconds instead (pgc_mpi.core.drop_compute).
+ddp (torch's all-reduce, MPI only) is predicted by the simulator's dgd, the same step without
+the server.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 from abandon_late import add_problem_options, fresh_floor
 
 from pgc_mpi.config import SimConfig
+from pgc_mpi.core.drop_compute import DROPS_COMPUTE
 from pgc_mpi.learning.models import load_problem
 from pgc_mpi.runs.results import read_steps, run_completed
 from pgc_mpi.runs.stats import Interval, interval
@@ -47,7 +50,7 @@ def _variant(args: argparse.Namespace, scheme: str, changed: bool) -> dict:
     """The settings of a run: as they are, or changed (--abandon-late; dgd: --drop-compute)."""
     if not changed:
         return {}
-    return {"drop_compute": args.drop_compute} if scheme == "dgd" else {"abandon_late": True}
+    return {"drop_compute": args.drop_compute} if scheme in DROPS_COMPUTE else {"abandon_late": True}
 
 
 def mpi_run(args: argparse.Namespace, out: Path, scheme: str, s: int, delay: str, seed: int,
@@ -67,9 +70,10 @@ def mpi_run(args: argparse.Namespace, out: Path, scheme: str, s: int, delay: str
 
 def sim_run(args: argparse.Namespace, scheme: str, s: int, delay: str, seed: int,
             changed: bool) -> tuple[float, float, float]:
-    """_means of the same run in the simulator."""
-    cfg = SimConfig(scheme=scheme, workers=args.workers, stragglers=s, steps=args.steps, lr=args.lr,
-                    accumulate=args.accumulate, delay=delay, seed=seed, compute_time=args.compute_time,
+    """_means of the same run in the simulator (ddp's: dgd's)."""
+    cfg = SimConfig(scheme="dgd" if scheme == "ddp" else scheme, workers=args.workers, stragglers=s,
+                    steps=args.steps, lr=args.lr, accumulate=args.accumulate, delay=delay, seed=seed,
+                    compute_time=args.compute_time,
                     eval_every=args.steps, **_variant(args, scheme, changed))
     result = simulate(cfg, load_problem(args.dataset, args.model, args.workers, args.batch_size, seed=seed))
     return _means(result.records)
@@ -88,31 +92,32 @@ def _fmt(i: Interval, digits: int = 3) -> str:
 def row(args: argparse.Namespace, delay: str, scheme: str, s: int) -> str:
     """One table row (markdown); progress on stderr."""
     got: dict[tuple[str, bool], list[tuple[float, float]]] = {}
-    modes = (False, True) if scheme != "dgd" or args.drop_compute else (False,)
+    drops = scheme in DROPS_COMPUTE
+    modes = (False, True) if not drops or args.drop_compute else (False,)
     for abandon in modes:
         for where in ("mpi", "sim"):
             got[where, abandon] = []
             for seed in args.seeds:
-                suffix = ("" if not abandon else "-abandon" if scheme != "dgd" else f"-drop{args.drop_compute:g}")
+                suffix = ("" if not abandon else "-abandon" if not drops else f"-drop{args.drop_compute:g}")
                 out = args.out / f"{delay.replace(':', '_')}-{scheme}-s{s}-seed{seed}{suffix}"
                 value = (mpi_run(args, out, scheme, s, delay, seed, abandon) if where == "mpi" else
                          sim_run(args, scheme, s, delay, seed, abandon))
                 got[where, abandon].append(value)
                 print(f"{delay} {scheme} s={s} {where} abandon={abandon} seed {seed}: {value}", file=sys.stderr)
     steps = {k: [v[0] for v in vals] for k, vals in got.items()}
-    floor = interval([fresh_floor(scheme, s, args.workers, delay, seed, args.compute_time, args.steps)
-                      for seed in args.seeds])
+    floor = interval([fresh_floor("dgd" if drops else scheme, s, args.workers, delay, seed, args.compute_time,
+                                  args.steps) for seed in args.seeds])
     finish = interval(steps["mpi", False])
     fit_finish = interval([m / p for m, p in zip(steps["mpi", False], steps["sim", False])])
     if ("mpi", True) not in steps:
         return f"| {delay} | {scheme} | - | {_fmt(finish)} | - | - | - | {_fmt(fit_finish)} | - | - | {_fmt(floor)} |"
-    if scheme == "dgd":
-        scheme = f"dgd, DropCompute {args.drop_compute:g} s"
+    if drops:
+        scheme = f"{scheme}, DropCompute {args.drop_compute:g} s"
     abandon = interval(steps["mpi", True])
     ratio = interval([a / f for a, f in zip(steps["mpi", True], steps["mpi", False])])
     predicted = interval([a / f for a, f in zip(steps["sim", True], steps["sim", False])])
     fit_abandon = interval([m / p for m, p in zip(steps["mpi", True], steps["sim", True])])
-    what = 2 if scheme.startswith("dgd") else 1  # dgd: the share computed; the others: jobs abandoned
+    what = 2 if drops else 1  # dgd, ddp: the share computed; the others: jobs abandoned
     dropped = (f"{np.mean([v[what] for v in got['mpi', True]]):.2f} / "
                f"{np.mean([v[what] for v in got['sim', True]]):.2f}{' computed' if what == 2 else ''}")
     return (f"| {delay} | {scheme} | {s} | {_fmt(finish)} | {_fmt(abandon)} | {_fmt(ratio)} | {_fmt(predicted)} "

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..choices import DEADLINE_POLICIES, LR_SCHEDULES, MODELS, OPTIMIZERS, PEER_SCHEMES
 from ..core.abandon import abandons
-from ..core.drop_compute import DROPS_COMPUTE
+from ..core.drop_compute import AUTO, DROPS_COMPUTE
 from ..core.schemes import FR_DECODE_RULES, ON_STALE, SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
 from ..core.stragglers import USAGE as DELAY_USAGE
 from ..core.stragglers import DelayModel
@@ -95,7 +95,7 @@ class CoreConfig:
     clip_grad_norm: float | None = None
     accumulate: int = 1
     abandon_late: bool = False
-    drop_compute: float | None = None
+    drop_compute: float | str | None = None
 
     def abandons_late(self) -> bool:
         """Whether workers drop decided jobs: --abandon-late with a scheme that may (pgc_mpi.core.abandon)."""
@@ -180,7 +180,10 @@ class CoreConfig:
                               f"learning rate: use one of them (pbs's --adapt with a constant --lr)")
 
     def _check_drop_compute(self) -> None:
-        _positive("drop-compute", self.drop_compute)
+        if self.drop_compute != AUTO and not (_is_number(self.drop_compute) and math.isfinite(self.drop_compute)
+                                              and self.drop_compute > 0):
+            raise ConfigError(f"--drop-compute must be a number of seconds > 0, or {AUTO} (chosen from the first "
+                              f"steps' jobs), got {self.drop_compute!r}")
         if self.scheme not in DROPS_COMPUTE:
             raise ConfigError(f"--drop-compute applies to dgd and ddp (DropCompute shortens the jobs they wait for), "
                               f"not {self.scheme}: its stragglers are skipped already; --abandon-late drops their "

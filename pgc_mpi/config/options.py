@@ -56,9 +56,10 @@ _HELP = {
     "abandon_late": "a worker whose step the master has decided without it stops at its next check point (after "
                     "a forward pass, between micro-batches) and takes the newest model, instead of finishing a "
                     "message that would be discarded (schemes other than dgd, ddp and pbs; docs/ALGORITHMS.md §11)",
-    "drop_compute": "DropCompute (dgd): a worker starts no more micro-batches once its job has run this many "
-                    "seconds and sends those done; the master averages over the micro-batches computed (needs "
-                    "--accumulate >= 2; docs/ALGORITHMS.md §12)",
+    "drop_compute": "DropCompute (dgd, ddp): a worker starts no more micro-batches once its job has run this "
+                    "many seconds and sends those done; the step averages over the micro-batches computed (needs "
+                    "--accumulate >= 2); auto: the threshold computing the most micro-batches per second over "
+                    "steps 1-20 (docs/ALGORITHMS.md §12)",
     "accumulate": "each partition gradient is the mean over this many micro-batches of --batch-size (a larger "
                   "minibatch at the same memory)",
     "scheduler": "PATH:NAME of your factory optimizer -> torch LRScheduler, stepped once per update (instead of "
@@ -249,9 +250,19 @@ def _int_or_word(text: str) -> int | str:
     return int(text) if text.strip().isdigit() else text
 
 
+def _float_or_word(text: str) -> float | str:
+    """A flag that takes a number or a word (--drop-compute 0.1, auto): checked when validated."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def _arg_type(annotation: str):
     if annotation == "int | str":
         return _int_or_word
+    if annotation.startswith("float | str"):
+        return _float_or_word
     if "int" in annotation:
         return int
     if "float" in annotation:

@@ -303,6 +303,9 @@ def _coerce(name: str, value: Any, annotation: str, what: str = "config key") ->
         ok = _is_int(value) or isinstance(value, str)
     elif annotation.startswith("int"):
         ok = _is_int(value)
+    elif annotation.startswith("float | str"):
+        ok = _is_number(value) or isinstance(value, str)
+        value = float(value) if _is_number(value) else value
     elif annotation.startswith("float"):
         ok = _is_number(value)
         value = float(value) if ok else value

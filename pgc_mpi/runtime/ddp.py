@@ -69,6 +69,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..config import TrainConfig
 from ..core.collector import make_collector
+from ..core.drop_compute import make_auto
 from ..core.message import Message
 from ..core.schemes import CodedScheme, make_scheme
 from ..core.stragglers import DelayModel
@@ -77,6 +78,7 @@ from ..learning.models import TorchProblem
 from ..learning.optim import make_update
 from ..runs.metrics import MetricsWriter, Progress, master_times
 from .control import ControlSettings
+from .drop_threshold import ThresholdAnnouncement, threshold_watch
 from .links import PeerInbox, PeerReporter
 from .master import RunTotals
 from .transport import barrier, duplicate_world
@@ -192,6 +194,7 @@ class DdpWorker:
         self.worker = peers.link.Get_rank() - 1
         self.partition = scheme.placement[self.worker][0]
         self.micro_batches = cfg.accumulate
+        self.thresholds = threshold_watch(peers.link, cfg.drop_compute)  # --drop-compute: fixed, or rank 0's
         problem.module.train()
         # running statistics (batch norm) stay local, as the parameter server's workers' do: rank 0
         # recalibrates them before evaluating (pgc_mpi.learning.models)
@@ -222,6 +225,8 @@ class DdpWorker:
                 if stop:
                     break
         self.reporter.flush()
+        if self.thresholds is not None:
+            self.thresholds.threshold()  # received, if it came after the last step
         dist.destroy_process_group()
         return steps
 
@@ -259,8 +264,8 @@ class DdpWorker:
         known only once it is done. Returns (the mean loss of the micro-batches done, their share)."""
         problem, clock, k = self.problem, self.clock, self.micro_batches
         first = k * self.scheme.draw_index(t, 0)
-        drop = (None if self.cfg.drop_compute is None else
-                Dropping(clock.began, clock.job(), k, self.cfg.drop_compute))
+        threshold = self.thresholds.threshold() if self.thresholds is not None else None
+        drop = None if threshold is None else Dropping(clock.began, clock.job(), k, threshold)
         loss, done = 0.0, 0
         with self.model.no_sync():
             while done < k and not (done and drop is not None and drop(done)):
@@ -305,6 +310,9 @@ class Monitor:
         self.collector = make_collector(self.scheme, np.zeros(1))
         self._nothing = np.zeros(1)
         self.grad_bytes = n * self.problem.dim * np.dtype(self.cfg.dtype).itemsize
+        # --drop-compute auto: rank 0 chooses the threshold from the booked steps and tells the peers
+        self.auto = make_auto(self.cfg.drop_compute, "ddp", self.cfg.accumulate)
+        self.announcement = ThresholdAnnouncement(self.peers.link)
         if self.cfg.record_params:
             self.trajectory.append(self.params.copy())
 
@@ -368,6 +376,9 @@ class Monitor:
                   "allreduce_time": float(self.reports["allreduce_time"].min()), **record,
                   "lr": float(lead["lr"]), "grad_norm": float(lead["grad_norm"]),
                   "wire_error": 0.0}  # no --wire-dtype: the all-reduce runs in --dtype
+        if self.auto is not None and (chosen := self.auto.observe(record)):
+            record.update(chosen)
+            self.announcement.send(chosen["drop_threshold"], range(1, self.scheme.n + 1))
         self.metrics.write(record)
         if self.cfg.record_params:
             self.trajectory.append(self.params.copy())

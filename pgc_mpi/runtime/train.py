@@ -310,7 +310,7 @@ def _master_settings(cfg: TrainConfig, scheme, leads: bool):
     return MasterSettings(steps=cfg.steps, deadline=cfg.deadline, on_deadline=cfg.on_deadline, adapt=cfg.adapt,
                           max_staleness=cfg.staleness_bound(scheme), record_params=cfg.record_params and leads,
                           probe_every=cfg.eval_every, lost_after=cfg.lost_after if leads else None,
-                          abandon_late=cfg.abandons_late(),
+                          abandon_late=cfg.abandons_late(), drop_compute=cfg.drop_compute, micro_batches=cfg.accumulate,
                           recipe=Recipe.of(cfg, lr_schedule="constant", warmup_steps=0))
 
 

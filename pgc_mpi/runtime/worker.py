@@ -23,6 +23,7 @@ from ..core.wire import FLOAT16_MAX
 from ..errors import PgcError
 from ..learning.problems import Accumulated, Problem
 from .abandon import Abandoned, DecidedWatch, remaining_check_points
+from .drop_threshold import threshold_watch
 from .transport import WorkerTransport
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class WorkerSettings:
     compute_time: float | None = None
     micro_batches: int = 1  # --accumulate: the micro-batches of a partition gradient (its check points)
     abandon_late: bool = False  # drop a decided job at a check point (pgc_mpi.runtime.abandon)
-    drop_compute: float | None = None  # DropCompute's threshold in seconds (pgc_mpi.core.drop_compute)
+    drop_compute: float | str | None = None  # DropCompute's threshold in seconds, or auto (core.drop_compute)
 
     @classmethod
     def of(cls, cfg: TrainConfig, scheme: CodedScheme | PbsScheme) -> WorkerSettings:
@@ -198,6 +199,7 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
     faults = for_start(settings.faults, first or 0)
     computed = 0
     watch = DecidedWatch(link.comm, len(link.shards)) if settings.abandon_late else None
+    thresholds = threshold_watch(link.comm, settings.drop_compute)
     if step is not None:  # the first model: step 0, or the step a resumed run starts at
         versions = scheme.warmup_versions(step)
         began = time.perf_counter()
@@ -213,8 +215,9 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
         check = functools.partial(watch.check, step) if watch is not None and step != first else _no_check
         kept = [(k, buffers[k].copy(), versions[k]) for k in slots] if check is not _no_check else []
         delay = delays.delay(worker, step)
+        threshold = thresholds.threshold() if thresholds is not None else None
         drop = (Dropping(began, len(slots) * (settings.compute_time or 0.0) + delay, settings.micro_batches,
-                          settings.drop_compute) if settings.drop_compute is not None else None)
+                         threshold) if threshold is not None else None)
         between = drop or (_between_micro_batches(check) if check is not _no_check else None)
         losses = []
         try:
@@ -242,6 +245,8 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
         step = link.next_model()
     if watch is not None:
         watch.drain()
+    if thresholds is not None:
+        thresholds.threshold()  # received, if it came after the last job
     link.confirm_stop()
     return computed
 

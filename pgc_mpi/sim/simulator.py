@@ -30,7 +30,7 @@ import numpy as np
 from ..config import SimConfig
 from ..core.abandon import next_check_point
 from ..core.collector import CodedCollector, Decoded, TableCollector, make_collector
-from ..core.drop_compute import DROPS_COMPUTE, micro_batches_done
+from ..core.drop_compute import fixed_threshold, make_auto, micro_batches_done
 from ..core.message import Layout, Message, buffers_per_message, gradient_header
 from ..core.schemes import CodedScheme, PbsScheme
 from ..core.stragglers import DelayModel
@@ -108,7 +108,8 @@ class SimWorkers:
         self.finished = [0] * n  # jobs each worker has finished (its first is never abandoned)
         self._cancelled: set[tuple[int, int]] = set()  # (worker, count) of the jobs abandoned
         self._stops: list[tuple[float, int]] = []  # (when, worker): abandoning workers reach their check points
-        self.drop = cfg.drop_compute if scheme.name in DROPS_COMPUTE else None
+        self.drop = fixed_threshold(cfg.drop_compute, scheme.name)
+        self.auto = make_auto(cfg.drop_compute, scheme.name, cfg.accumulate)  # --drop-compute auto
         self.done = [cfg.accumulate] * n  # --drop-compute: the micro-batches of each worker's current job
 
     def first_start(self) -> float:
@@ -282,6 +283,9 @@ def simulate(cfg: SimConfig, problem: Problem | None = None, record_params: bool
                   "bytes_received": received * nbytes, **collector.record(dec, missed), **extra,
                   "wire_error": workers.wire.decode_error(dec.weights)}
         result.records.append(record)
+        if workers.auto is not None:  # --drop-compute auto: the threshold once its steps are measured
+            record.update(workers.auto.observe(record))
+            workers.drop = workers.auto.chosen()
         if workers.abandon_late:  # told with the new model: the workers still on this step or older stop
             record["abandoned"] = workers.abandon(t, now)
         record.update(opt.step())  # the recipe's lr and grad_norm, as the MPI master records them
