@@ -138,7 +138,7 @@ def main() -> None:
           f"micro-batches per partition gradient, compute {args.compute_time} s per gradient, {args.steps} steps, "
           f"seeds {args.seeds}; mean [95% interval] over the seeds; step times in seconds\n")
     print("| delay | scheme | s | MPI mean step: finish | abandon | ratio | simulated ratio | MPI / sim: finish "
-          "| abandon | abandoned per step (dgd: share computed): MPI / sim | fresh-start floor |")
+          "| abandon | abandoned per step (dgd, ddp: share computed): MPI / sim | fresh-start floor |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for delay in args.delays.split(","):
         for candidate in args.candidates.split(","):
