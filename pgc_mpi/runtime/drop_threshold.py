@@ -33,22 +33,18 @@ class ThresholdAnnouncement:
         self._buf[0] = threshold
         self._sends = [self.comm.Isend([self._buf, MPI.DOUBLE], dest=rank, tag=TAG_THRESHOLD) for rank in ranks]
 
-    def pending(self) -> bool:
-        """Whether a send has not completed yet (MPI.Request.Testall completes the others)."""
-        return bool(self._sends) and not MPI.Request.Testall(self._sends)
-
 
 class ThresholdWatch:
     """A worker's side: the threshold rank 0 chose, once it has come (None before)."""
 
     def __init__(self, comm: MPI.Comm, fixed: float | None = None):
         """`fixed`: --drop-compute SECONDS (nothing to wait for), else None (auto)."""
-        self.comm, self.value, self.auto = comm, fixed, fixed is None
+        self.comm, self.value = comm, fixed
         self._buf = np.zeros(1)
 
     def threshold(self) -> float | None:
         """The threshold for a job beginning now: fixed, or rank 0's once it has come (inf: none)."""
-        if self.auto and self.value is None and self.comm.Iprobe(source=0, tag=TAG_THRESHOLD):
+        if self.value is None and self.comm.Iprobe(source=0, tag=TAG_THRESHOLD):
             self.comm.Recv([self._buf, MPI.DOUBLE], source=0, tag=TAG_THRESHOLD)
             self.value = float(self._buf[0])
         return None if self.value is None or self.value == float("inf") else self.value
