@@ -10,7 +10,9 @@ slot that a pipelined scheme's warm-up leaves empty (a buffer that was never com
 be sent as a gradient), and the other schemes keep one rule. Every message that is sent is one
 the scheme already accepts, so decoding stays exact (FR, gc-cr) or unbiased (is-sgd, is-gc-*,
 pgc-cr) as without it. A pipelined worker pays for it later: the abandoned slot's buffer is a
-step past the staleness window when it is next sent, so --on-stale refresh recomputes it.
+step past the staleness window when it is next sent, so --on-stale refresh recomputes it. So a
+pipelined worker drops a job only where more of it is left than that one partition gradient
+(abandon_margin); the others drop a decided job at any check point.
 
 A job's time (its computation and its delay: the delay models slowness of the computation,
 spread evenly over it) is split into its micro-batches (the partition gradients it computes times
@@ -45,7 +47,23 @@ def check_points(began: float, until: float, micro_batches: int) -> list[float]:
     return points
 
 
-def next_check_point(began: float, until: float, micro_batches: int, told: float) -> float | None:
-    """The first check point at or after `told` (when the worker learns its step is decided), or
-    None when there is none before the job ends (it then finishes and its message is late)."""
-    return next((p for p in check_points(began, until, micro_batches) if p >= told), None)
+def abandon_margin(pipelined: bool, gradient_time: float) -> float:
+    """How much of a decided job must be left after a check point for the worker to drop it there.
+    A pipelined worker's dropped slot is over-stale at its next job and refreshed (one partition
+    gradient, `gradient_time`: its compute without the delay, which is the job's and not the
+    slot's): dropping less than that loses time. Nothing else loses anything by dropping (0)."""
+    return gradient_time if pipelined else 0.0
+
+
+def worth_abandoning(left: float, margin: float) -> bool:
+    """Whether a decided job with `left` seconds still to run is dropped (margin: abandon_margin)."""
+    return left > margin
+
+
+def next_check_point(began: float, until: float, micro_batches: int, told: float,
+                     margin: float = 0.0) -> float | None:
+    """The first check point at or after `told` (when the worker learns its step is decided) that
+    leaves more than `margin` of the job (abandon_margin), or None when there is none before the
+    job ends (it then finishes and its message is late)."""
+    return next((p for p in check_points(began, until, micro_batches)
+                 if p >= told and worth_abandoning(until - p, margin)), None)

@@ -9,15 +9,18 @@ once, as it would on the job's late message. Both messages are one int64: nothin
 travels, and the master's gradient buffers never see them.
 
 The notice is tested with Iprobe at check points only, never polled: a worker pays a few
-microseconds per check point and nothing between them.
+microseconds per check point and nothing between them. A pipelined worker drops the job only where
+more of it is left than one partition gradient (pgc_mpi.core.abandon.abandon_margin): JobCheck.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from mpi4py import MPI
 
-from ..core.abandon import check_points
+from ..core.abandon import abandon_margin, check_points, worth_abandoning
 
 # 101..104: pgc_mpi.runtime.transport; 105..114: pgc_mpi.runtime.links; 115: heartbeats
 TAG_DECIDED, TAG_ABANDONED = 116, 117
@@ -73,7 +76,7 @@ class DecidedWatch:
 
     def __init__(self, comm: MPI.Comm, servers: int):
         self.comm, self.servers = comm, range(servers)
-        self.decided = [-1] * servers  # the newest decided step each server has told of
+        self.told = [-1] * servers  # the newest decided step each server has told of
         self._buf = np.zeros(1, dtype=np.int64)
         self._status = MPI.Status()
 
@@ -81,13 +84,12 @@ class DecidedWatch:
         for k in self.servers:
             while self.comm.Iprobe(source=k, tag=TAG_DECIDED, status=self._status):
                 self.comm.Recv([self._buf, MPI.INT64_T], source=k, tag=TAG_DECIDED)
-                self.decided[k] = max(self.decided[k], int(self._buf[0]))
+                self.told[k] = max(self.told[k], int(self._buf[0]))
 
-    def check(self, step: int) -> None:
-        """A check point of a job for step `step`: raise Abandoned once every server has decided it."""
+    def decided(self, step: int) -> bool:
+        """Whether every server has told that step `step` is decided (notices received now)."""
         self._drain()
-        if min(self.decided) >= step:
-            raise Abandoned(step)
+        return min(self.told) >= step
 
     def answer(self, step: int) -> None:
         """Tell every server the job for `step` is dropped (it then sends the newest model)."""
@@ -98,6 +100,29 @@ class DecidedWatch:
     def drain(self) -> None:
         """Receive the notices still on their way (at the end: none is left unreceived)."""
         self._drain()
+
+
+class JobCheck:
+    """One job's check points: raise Abandoned once every server has decided the job's step, if
+    enough of the job is left to be worth dropping (pgc_mpi.core.abandon.abandon_margin)."""
+
+    def __init__(self, watch: DecidedWatch, step: int, pipelined: bool, began: float, gradients: int,
+                 micro_batches: int, compute_floor: float, delay: float):
+        self.watch, self.step, self.pipelined = watch, step, pipelined
+        self.began, self.gradients, self.micro_batches = began, gradients, gradients * micro_batches
+        self.compute_floor, self.delay = compute_floor, delay  # --compute-time's share of the job, its delay
+
+    def computed(self, done: int) -> None:
+        """A check point of the real computation, after `done` of the job's micro-batches: the
+        job's compute is their pace extrapolated (at least its --compute-time), its delay after."""
+        now = time.perf_counter()
+        compute = max((now - self.began) * self.micro_batches / done, self.compute_floor)
+        self.at(self.began + compute + self.delay - now, compute / self.gradients)
+
+    def at(self, left: float, gradient_time: float) -> None:
+        """A check point with `left` seconds of the job still to run, of `gradient_time` a gradient."""
+        if self.watch.decided(self.step) and worth_abandoning(left, abandon_margin(self.pipelined, gradient_time)):
+            raise Abandoned(self.step)
 
 
 def remaining_check_points(began: float, until: float, micro_batches: int, now: float) -> list[float]:

@@ -22,7 +22,7 @@ from ..core.stragglers import DelayModel
 from ..core.wire import FLOAT16_MAX
 from ..errors import PgcError
 from ..learning.problems import Accumulated, Problem
-from .abandon import Abandoned, DecidedWatch, remaining_check_points
+from .abandon import Abandoned, DecidedWatch, JobCheck, remaining_check_points
 from .drop_threshold import threshold_watch
 from .transport import WorkerTransport
 
@@ -89,18 +89,14 @@ def pad_compute(began: float, gradients: float, per_gradient: float | None,
     return time.perf_counter() - began, real
 
 
-def _no_check() -> None:
-    pass
-
-
 def emulate_job(began: float, gradients: int, settings: WorkerSettings, delay: float, link: WorkerTransport,
-                check: Callable[[], None] = _no_check, done: float = 1.0) -> tuple[float, float, float]:
+                check: JobCheck | None = None, done: float = 1.0) -> tuple[float, float, float]:
     """The rest of a job whose gradients are computed: (compute time, real compute time, delay).
     It sleeps out --compute-time and then the injected `delay`; with a `check` (--abandon-late)
     or `done` < 1 (the share of the micro-batches --drop-compute let it compute) the delay is
     slowness of the computation instead: the job's share `done` of the span is slept, through
     its check points (pgc_mpi.core.abandon), where `check` may raise Abandoned. A hang checks nothing."""
-    if (check is _no_check and done == 1.0) or delay == math.inf:
+    if (check is None and done == 1.0) or delay == math.inf:
         took, real = pad_compute(began, gradients, settings.compute_time, link.stop_requested)
         return took, real, injected_delay(delay, link.stop_requested, link.fall_silent)
     now = time.perf_counter()
@@ -109,7 +105,8 @@ def emulate_job(began: float, gradients: int, settings: WorkerSettings, delay: f
     until = began + took + delay
     for point in remaining_check_points(began, until, gradients * settings.micro_batches, now):
         _sleep_until(point, link.stop_requested)
-        check()
+        if check is not None:
+            check.at(until - point, took / gradients)
     _sleep_until(until, link.stop_requested)
     return took, real, delay
 
@@ -123,9 +120,10 @@ def _gradient(problem: Problem, w: np.ndarray, part: int, draw: int,
     return problem.loss_and_grad(w, part, draw)
 
 
-def _between_micro_batches(check: Callable[[], None]) -> Callable[[int], None]:
-    """An abandon's check as Accumulated's `between` (it raises or lets the job go on)."""
-    return lambda _done: check()
+def _between_micro_batches(check: JobCheck, finished: list[float], micro_batches: int) -> Callable[[int], None]:
+    """An abandon's check as Accumulated's `between` (it raises or lets the job go on): after
+    `done` micro-batches of the gradient under way and all of the `finished` ones."""
+    return lambda done: check.computed(len(finished) * micro_batches + done)
 
 
 class Dropping:
@@ -211,19 +209,20 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
         began = time.perf_counter()
         catch_up = scheme.refresh_slots(worker, step, versions, settings.refresh_over, first)
         slots = (*catch_up, *scheme.fresh_slots(step, worker))
-        # a worker's first job of a start is never abandoned (pgc_mpi.core.abandon)
-        check = functools.partial(watch.check, step) if watch is not None and step != first else _no_check
-        kept = [(k, buffers[k].copy(), versions[k]) for k in slots] if check is not _no_check else []
         delay = delays.delay(worker, step)
+        floor = len(slots) * (settings.compute_time or 0.0)  # --compute-time's share of the job
+        # a worker's first job of a start is never abandoned (pgc_mpi.core.abandon)
+        check = (JobCheck(watch, step, scheme.pipelined, began, len(slots), settings.micro_batches, floor, delay)
+                 if watch is not None and step != first else None)
+        kept = [(k, buffers[k].copy(), versions[k]) for k in slots] if check is not None else []
         threshold = thresholds.threshold() if thresholds is not None else None
-        drop = (Dropping(began, len(slots) * (settings.compute_time or 0.0) + delay, settings.micro_batches,
-                         threshold) if threshold is not None else None)
-        between = drop or (_between_micro_batches(check) if check is not _no_check else None)
-        losses = []
+        drop = Dropping(began, floor + delay, settings.micro_batches, threshold) if threshold is not None else None
+        losses: list[float] = []
+        between = drop or (_between_micro_batches(check, losses, settings.micro_batches) if check else None)
         try:
             for k in slots:
-                if losses:
-                    check()
+                if losses and check is not None:
+                    check.computed(len(losses) * settings.micro_batches)
                 loss, buffers[k] = _gradient(problem, link.model, parts[k], scheme.draw_index(step, k), between)
                 versions[k] = step
                 losses.append(loss)

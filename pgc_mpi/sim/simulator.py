@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import SimConfig
-from ..core.abandon import next_check_point
+from ..core.abandon import abandon_margin, next_check_point
 from ..core.collector import CodedCollector, Decoded, TableCollector, make_collector
 from ..core.drop_compute import fixed_threshold, make_auto, micro_batches_done
 from ..core.message import Layout, Message, buffers_per_message, gradient_header
@@ -166,16 +166,18 @@ class SimWorkers:
     def abandon(self, step: int, told: float) -> int:
         """--abandon-late: every busy worker computing for step `step` or earlier, told at `told`
         that it is decided, stops at its next check point, if its job has one left (a hung worker
-        checks nothing), unless it is the worker's first job (pgc_mpi.core.abandon.may_abandon).
+        checks nothing), unless it is the worker's first job, and, for a pipelined scheme, only at
+        a check point that leaves more than one partition gradient of the job (pgc_mpi.core.abandon).
         Returns how many jobs were abandoned."""
         if not self.abandon_late:
             return 0
         abandoned = 0
         micro = self.cfg.accumulate
+        margin = abandon_margin(self.scheme.pipelined, self.cfg.compute_time)
         for i in range(self.scheme.n):
             if not self.busy[i] or self.job[i] > step or self.until[i] == math.inf or not self.finished[i]:
                 continue
-            stop = next_check_point(self.began[i], self.until[i], micro * max(1, len(self.slots[i])), told)
+            stop = next_check_point(self.began[i], self.until[i], micro * max(1, len(self.slots[i])), told, margin)
             if stop is not None:
                 self._cancelled.add((i, self.count[i] - 1))
                 heapq.heappush(self._stops, (stop, i))

@@ -88,3 +88,43 @@ def test_dgd_and_pbs_take_the_flag_and_never_abandon():
     assert [name for name in ("dgd", "ddp", "pbs", "is-sgd", "pgc-fr")
             if TrainConfig(scheme=name, abandon_late=True).abandons_late()] == ["is-sgd", "pgc-fr"]
     assert not TrainConfig(scheme="pgc-fr").abandons_late()
+
+
+def test_a_worker_drops_a_decided_job_where_the_scheme_says_it_is_worth_it():
+    """The MPI worker's check (pgc_mpi.runtime.abandon.JobCheck), here on MPI_COMM_SELF with one
+    server's notice sent to itself: a job is dropped only once its step is decided, and a pipelined
+    worker's only with more than one partition gradient of it left (the refresh dropping costs
+    it). At a real check point the rest is the micro-batches' pace extrapolated, at least
+    --compute-time's, and the delay after it."""
+    import time
+
+    from mpi4py import MPI
+
+    from pgc_mpi.runtime.abandon import TAG_DECIDED, Abandoned, DecidedWatch, JobCheck
+
+    comm = MPI.COMM_SELF
+    watch = DecidedWatch(comm, servers=1)
+    began = time.perf_counter()
+
+    def check(pipelined: bool, began: float = began, step: int = 5, gradients: int = 1) -> JobCheck:
+        return JobCheck(watch, step, pipelined, began, gradients, micro_batches=4, compute_floor=0.1 * gradients,
+                        delay=0.05)
+
+    check(False).at(left=1.0, gradient_time=0.1)  # not decided yet: nothing is dropped
+    notice = np.array([5], dtype=np.int64)  # a send to oneself completes once it is received
+    sent = comm.Isend([notice, MPI.INT64_T], dest=0, tag=TAG_DECIDED)
+    check(False, step=6).at(left=1.0, gradient_time=0.1)  # a later step's job is not decided
+    with pytest.raises(Abandoned):
+        check(False).at(left=0.01, gradient_time=0.1)  # is-sgd, gc-*: any decided job
+    check(True).at(left=0.1, gradient_time=0.1)  # pgc-*: a gradient left is kept
+    with pytest.raises(Abandoned):
+        check(True).at(left=0.11, gradient_time=0.1)
+    with pytest.raises(Abandoned):  # 10 ms into 0.15 s (0.1 s floor + delay): 0.14 s left
+        check(True, began=time.perf_counter() - 0.01).computed(done=1)
+    check(True, began=time.perf_counter() - 0.09).computed(done=3)  # 0.08 s left of a 0.12 s gradient
+    # a slow real pace is the gradient's cost too: 3 of 4 micro-batches in 0.3 s leave 0.15 s of a
+    # 0.4 s gradient (kept); with a refresh before the fresh slot, 3 of 8 leave 0.55 s (dropped)
+    check(True, began=time.perf_counter() - 0.3).computed(done=3)
+    with pytest.raises(Abandoned):
+        check(True, began=time.perf_counter() - 0.3, gradients=2).computed(done=3)
+    sent.Wait()

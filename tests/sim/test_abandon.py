@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pgc_mpi.config import SimConfig
-from pgc_mpi.core.abandon import abandons, check_points, next_check_point
+from pgc_mpi.core.abandon import abandon_margin, abandons, check_points, next_check_point
 from pgc_mpi.learning.problems import PROBLEMS
 from pgc_mpi.sim.simulator import simulate
 
@@ -15,6 +15,13 @@ def test_check_points_after_each_forward_and_between_micro_batches():
     assert check_points(1.0, 1.6, 2) == pytest.approx([1.1, 1.3, 1.4])  # then the last batch's forward
     assert next_check_point(1.0, 1.6, 2, told=1.25) == pytest.approx(1.3)
     assert next_check_point(1.0, 1.6, 2, told=1.45) is None  # past the last: it finishes, late
+
+
+def test_a_pipelined_worker_drops_a_job_only_with_more_than_a_gradient_of_it_left():
+    assert abandon_margin(True, 0.05) == 0.05 and abandon_margin(False, 0.05) == 0.0
+    assert next_check_point(1.0, 1.6, 2, told=1.25, margin=0.25) == pytest.approx(1.3)  # 0.3 s left
+    assert next_check_point(1.0, 1.6, 2, told=1.05, margin=0.45) == pytest.approx(1.1)  # 0.5 s left
+    assert next_check_point(1.0, 1.6, 2, told=1.25, margin=0.35) is None  # 0.3 s, then 0.2 s left: it finishes
 
 
 def test_dgd_and_pbs_never_abandon_the_others_may():
@@ -40,6 +47,23 @@ def test_a_straggler_that_never_counts_abandons_its_steps_and_the_run_is_unchang
     assert np.array_equal(plain.params, quick.params)
     assert [r["step_time"] for r in plain.records] == pytest.approx([r["step_time"] for r in quick.records])
     assert all(3 not in r["arrivals"] for r in quick.records)
+
+
+@pytest.mark.parametrize("scheme", ["pgc-cr", "pgc-fr", "is-sgd"])
+def test_a_pipelined_straggler_finishes_a_job_with_one_gradient_or_less_left(scheme):
+    """Worker 3 is always 50 ms slower (jobs of 0.1 s compute in 4 micro-batches, s = 1): its first
+    job ends late at 0.15 s, so its second runs from 0.15 s to 0.3 s and is decided at 0.2 s,
+    when the others' step-1 messages arrive. Its check points from there (0.2, 0.225, 0.2375 s)
+    leave 0.1 s or less, one partition gradient: a pipelined worker finishes it (its message is
+    late, its buffer fresh) rather than drop it and refresh the slot later; is-sgd, which has no
+    buffers to refresh, drops it at 0.2 s."""
+    cfg = SimConfig(scheme=scheme, workers=4, stragglers=1, steps=6, lr=0.1, delay="fixed:3:0.05", seed=3,
+                    compute_time=0.1, abandon_late=True, accumulate=4)
+    records = simulate(cfg, PROBLEMS["least-squares"](4, samples=80, dim=5, seed=3)).records
+    pipelined = scheme != "is-sgd"
+    assert [r["abandoned"] for r in records[:3]] == ([0, 0, 1] if pipelined else [0, 1, 1])
+    assert [r["late"] for r in records[:3]] == ([0, 1, 1] if pipelined else [0, 1, 0])
+    assert sum(r["abandoned"] for r in records) == 4 if pipelined else 5  # every later job: 2 gradients
 
 
 @pytest.mark.parametrize("scheme", ["pgc-fr", "gc-cr", "pgc-cr", "is-sgd"])
