@@ -63,7 +63,10 @@ def mpi_run(args: argparse.Namespace, out: Path, scheme: str, s: int, delay: str
                "pgc_mpi", "train", *_common(args, scheme, s, delay, seed), "--eval-every", str(args.steps),
                "--out", str(out), "--overwrite", *flags]
         env = {**os.environ, "MPIEXEC_TIMEOUT": "600", "OMP_NUM_THREADS": "1"}
-        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=660)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=660)
+        if done.returncode != 0:
+            sys.exit(f"abandon_vs_mpi: {' '.join(cmd)} exited with {done.returncode}; its last output:\n"
+                     + "\n".join((done.stdout + done.stderr).splitlines()[-30:]))
     records = read_steps(out)
     return _means(records)
 

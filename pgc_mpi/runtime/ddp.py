@@ -69,7 +69,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..config import TrainConfig
 from ..core.collector import make_collector
-from ..core.drop_compute import make_auto
 from ..core.message import Message
 from ..core.schemes import CodedScheme, make_scheme
 from ..core.stragglers import DelayModel
@@ -78,7 +77,7 @@ from ..learning.models import TorchProblem
 from ..learning.optim import make_update
 from ..runs.metrics import MetricsWriter, Progress, master_times
 from .control import ControlSettings
-from .drop_threshold import ThresholdAnnouncement, threshold_watch
+from .drop_threshold import threshold_chooser, threshold_watch
 from .links import PeerInbox, PeerReporter
 from .master import RunTotals
 from .transport import barrier, duplicate_world
@@ -311,8 +310,8 @@ class Monitor:
         self._nothing = np.zeros(1)
         self.grad_bytes = n * self.problem.dim * np.dtype(self.cfg.dtype).itemsize
         # --drop-compute auto: rank 0 chooses the threshold from the booked steps and tells the peers
-        self.auto = make_auto(self.cfg.drop_compute, "ddp", self.cfg.accumulate)
-        self.announcement = ThresholdAnnouncement(self.peers.link)
+        self.chooser = threshold_chooser(self.cfg.drop_compute, "ddp", self.cfg.accumulate, self.peers.link,
+                                         range(1, self.scheme.n + 1))
         if self.cfg.record_params:
             self.trajectory.append(self.params.copy())
 
@@ -376,9 +375,8 @@ class Monitor:
                   "allreduce_time": float(self.reports["allreduce_time"].min()), **record,
                   "lr": float(lead["lr"]), "grad_norm": float(lead["grad_norm"]),
                   "wire_error": 0.0}  # no --wire-dtype: the all-reduce runs in --dtype
-        if self.auto is not None and (chosen := self.auto.observe(record)):
-            record.update(chosen)
-            self.announcement.send(chosen["drop_threshold"], range(1, self.scheme.n + 1))
+        if self.chooser is not None:
+            self.chooser.observe(record)
         self.metrics.write(record)
         if self.cfg.record_params:
             self.trajectory.append(self.params.copy())

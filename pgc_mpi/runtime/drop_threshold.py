@@ -9,29 +9,46 @@ measured steps). inf says that keeping every micro-batch was best.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import numpy as np
 from mpi4py import MPI
 
-from ..core.drop_compute import AUTO
+from ..core.drop_compute import AUTO, AutoThreshold, make_auto
+
+log = logging.getLogger("pgc_mpi")
 
 # 101..104: pgc_mpi.runtime.transport; 105..114: pgc_mpi.runtime.links; 115: heartbeats; 116, 117: abandon
 TAG_THRESHOLD = 118
 
 
-class ThresholdAnnouncement:
-    """Rank 0's side: the chosen threshold, sent to every worker rank (non-blocking)."""
+class ThresholdChooser:
+    """Rank 0's side: it observes the step records (AutoThreshold) and, once it has chosen, adds
+    the choice to that step's record, logs it and sends it to every worker rank (non-blocking)."""
 
-    def __init__(self, comm: MPI.Comm):
-        self.comm = comm
+    def __init__(self, auto: AutoThreshold, comm: MPI.Comm, ranks: Iterable[int]):
+        self.auto, self.comm, self.ranks = auto, comm, list(ranks)
         self._buf = np.zeros(1)
-        self._sends: list[MPI.Request] = []
+        self._sends: list[MPI.Request] = []  # kept, with the buffer, until the sends complete
 
-    def send(self, threshold: float, ranks: Iterable[int]) -> None:
-        """Send `threshold` to every rank in `ranks` (the buffer is kept until the sends complete)."""
-        self._buf[0] = threshold
-        self._sends = [self.comm.Isend([self._buf, MPI.DOUBLE], dest=rank, tag=TAG_THRESHOLD) for rank in ranks]
+    def observe(self, record: dict) -> None:
+        """Take one step's record; the step that completes the measurement gets the choice."""
+        chosen = self.auto.observe(record)
+        if not chosen:
+            return
+        record.update(chosen)
+        self._buf[0] = chosen["drop_threshold"]
+        self._sends = [self.comm.Isend([self._buf, MPI.DOUBLE], dest=rank, tag=TAG_THRESHOLD) for rank in self.ranks]
+        log.info("--drop-compute auto: threshold %.4g s (%.0f %% of the micro-batches, %.2fx the speed)",
+                 chosen["drop_threshold"], 100 * chosen["drop_threshold_share"], chosen["drop_threshold_speedup"])
+
+
+def threshold_chooser(setting: float | str | None, scheme: str, micro_batches: int, comm: MPI.Comm,
+                      ranks: Iterable[int]) -> ThresholdChooser | None:
+    """Rank 0's chooser for --drop-compute auto; None for a fixed threshold or none."""
+    auto = make_auto(setting, scheme, micro_batches)
+    return None if auto is None else ThresholdChooser(auto, comm, ranks)
 
 
 class ThresholdWatch:

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from ..core.collector import Decoded, make_collector
-from ..core.drop_compute import make_auto
 from ..core.message import Message
 from ..core.schemes import CodedScheme, PbsScheme
 from ..core.wire import DECODE_ERROR_WARNING
@@ -35,7 +34,7 @@ from ..runs.checkpoint import Checkpoint, Checkpointer
 from ..runs.metrics import MASTER_PARTS, MetricsWriter, Progress, RepeatedWarnings, master_times
 from .abandon import DecidedNotices
 from .control import DISPATCH_INTERVAL, WAIT_REMINDER, RunControl
-from .drop_threshold import ThresholdAnnouncement
+from .drop_threshold import threshold_chooser
 from .following import PbsFollowing
 from .lost import LostWorkers
 from .servers import FollowerControl, Leader, slice_state
@@ -131,9 +130,9 @@ class Master(PbsFollowing):
         if settings.abandon_late:  # the transport's polls take the workers' answers (link.abandoned)
             link.notices = DecidedNotices(link.comm, self.n, link.first_worker)
         # --drop-compute auto: rank 0 chooses the threshold from its step records and tells the workers
-        self.auto = (make_auto(settings.drop_compute, scheme.name, settings.micro_batches)
-                     if metrics is not None else None)
-        self.announcement = ThresholdAnnouncement(link.comm) if self.auto is not None else None
+        self.chooser = (threshold_chooser(settings.drop_compute, scheme.name, settings.micro_batches, link.comm,
+                                          range(link.first_worker, link.first_worker + self.n))
+                        if metrics is not None else None)
         self._started = time.monotonic()
         # the master's own work in the current step, in seconds per part (see _timed)
         self._times = dict.fromkeys(MASTER_PARTS, 0.0)
@@ -419,12 +418,8 @@ class Master(PbsFollowing):
         record = {"step": t, "wall_time": time.monotonic() - self._started - self.control.eval_seconds,
                   "step_time": step_time, **master_times(self._times), "bytes_received": self.link.bytes_received,
                   **record}
-        if self.auto is not None and (chosen := self.auto.observe(record)):
-            record.update(chosen)
-            self.announcement.send(chosen["drop_threshold"], range(self.link.first_worker,
-                                                                   self.link.first_worker + self.n))
-            log.info("--drop-compute auto: threshold %.4g s (%.0f %% of the micro-batches, %.2fx the speed)",
-                     chosen["drop_threshold"], 100 * chosen["drop_threshold_share"], chosen["drop_threshold_speedup"])
+        if self.chooser is not None:
+            self.chooser.observe(record)
         if self.metrics is not None:
             self.metrics.write(record)
         # The step's record before the checkpoint that counts it done: a kill between the two then
