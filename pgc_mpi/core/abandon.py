@@ -9,10 +9,12 @@ on the newest model. A worker's first job of a start is never abandoned: it comp
 slot that a pipelined scheme's warm-up leaves empty (a buffer that was never computed must not
 be sent as a gradient), and the other schemes keep one rule. Every message that is sent is one
 the scheme already accepts, so decoding stays exact (FR, gc-cr) or unbiased (is-sgd, is-gc-*,
-pgc-cr) as without it. A pipelined worker pays for it later: the abandoned slot's buffer is a
-step past the staleness window when it is next sent, so --on-stale refresh recomputes it. So a
-pipelined worker drops a job only where more of it is left than that one partition gradient
-(abandon_margin); the others drop a decided job at any check point.
+pgc-cr) as without it. A pipelined worker may pay for it later: under the default staleness
+window the abandoned slot's buffer is a step past the bound when it is next sent, so --on-stale
+refresh recomputes it (reject: its messages are rejected). Such a worker drops a job only where
+more of it is left than that one partition gradient (drop_costs_a_gradient, abandon_margin);
+under a looser --max-staleness, or none, and for the other schemes, dropping costs nothing and a
+decided job is dropped at any check point.
 
 A job's time (its computation and its delay: the delay models slowness of the computation,
 spread evenly over it) is split into its micro-batches (the partition gradients it computes times
@@ -20,6 +22,12 @@ spread evenly over it) is split into its micro-batches (the partition gradients 
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .schemes import CodedScheme
 
 # dgd (and ddp, its all-reduce twin) decides a step only with every worker's message, so none is
 # ever moot; pbs's table takes a late gradient if it is newer than its entry (not moot either).
@@ -47,12 +55,23 @@ def check_points(began: float, until: float, micro_batches: int) -> list[float]:
     return points
 
 
-def abandon_margin(pipelined: bool, gradient_time: float) -> float:
-    """How much of a decided job must be left after a check point for the worker to drop it there.
-    A pipelined worker's dropped slot is over-stale at its next job and refreshed (one partition
-    gradient, `gradient_time`: its compute without the delay, which is the job's and not the
-    slot's): dropping less than that loses time. Nothing else loses anything by dropping (0)."""
-    return gradient_time if pipelined else 0.0
+def drop_costs_a_gradient(scheme: CodedScheme, worker: int, step: int, slots: Sequence[int],
+                          versions: Sequence[int], bound: int | None, first: int = 0) -> bool:
+    """Whether dropping `worker`'s job for `step` (it computes `slots`; their buffers keep
+    `versions`) leaves one of them over the staleness `bound` at the worker's next job, of step
+    step + 1 at the earliest: that buffer is then recomputed first (--on-stale refresh) or the
+    message rejected (reject). Never without a bound or stored buffers (only pgc-* has them)."""
+    if bound is None or not scheme.pipelined:
+        return False
+    return bool(set(scheme.refresh_slots(worker, step + 1, versions, bound, first)) & set(slots))
+
+
+def abandon_margin(drop_costs: bool, gradient_time: float) -> float:
+    """How much of a decided job must be left after a check point for the worker to drop it there:
+    where dropping costs a partition gradient later (drop_costs_a_gradient), that gradient's time
+    (`gradient_time`: its compute without the delay, which is this job's and not the refresh's),
+    since dropping less than that loses time; otherwise nothing (0)."""
+    return gradient_time if drop_costs else 0.0
 
 
 def worth_abandoning(left: float, margin: float) -> bool:

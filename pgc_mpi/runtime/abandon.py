@@ -9,8 +9,9 @@ once, as it would on the job's late message. Both messages are one int64: nothin
 travels, and the master's gradient buffers never see them.
 
 The notice is tested with Iprobe at check points only, never polled: a worker pays a few
-microseconds per check point and nothing between them. A pipelined worker drops the job only where
-more of it is left than one partition gradient (pgc_mpi.core.abandon.abandon_margin): JobCheck.
+microseconds per check point and nothing between them. Where dropping costs a gradient later (a
+pipelined slot past the staleness bound), the worker drops the job only where more of it is left
+than one partition gradient (pgc_mpi.core.abandon.abandon_margin): JobCheck.
 """
 
 from __future__ import annotations
@@ -104,11 +105,12 @@ class DecidedWatch:
 
 class JobCheck:
     """One job's check points: raise Abandoned once every server has decided the job's step, if
-    enough of the job is left to be worth dropping (pgc_mpi.core.abandon.abandon_margin)."""
+    enough of the job is left to be worth dropping (pgc_mpi.core.abandon.abandon_margin; `drop_costs`:
+    whether dropping it costs a gradient later, pgc_mpi.core.abandon.drop_costs_a_gradient)."""
 
-    def __init__(self, watch: DecidedWatch, step: int, pipelined: bool, began: float, gradients: int,
+    def __init__(self, watch: DecidedWatch, step: int, drop_costs: bool, began: float, gradients: int,
                  micro_batches: int, compute_floor: float, delay: float):
-        self.watch, self.step, self.pipelined = watch, step, pipelined
+        self.watch, self.step, self.drop_costs = watch, step, drop_costs
         self.began, self.gradients, self.micro_batches = began, gradients, gradients * micro_batches
         self.compute_floor, self.delay = compute_floor, delay  # --compute-time's share of the job, its delay
 
@@ -121,7 +123,7 @@ class JobCheck:
 
     def at(self, left: float, gradient_time: float) -> None:
         """A check point with `left` seconds of the job still to run, of `gradient_time` a gradient."""
-        if self.watch.decided(self.step) and worth_abandoning(left, abandon_margin(self.pipelined, gradient_time)):
+        if self.watch.decided(self.step) and worth_abandoning(left, abandon_margin(self.drop_costs, gradient_time)):
             raise Abandoned(self.step)
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core.abandon import drop_costs_a_gradient
 from ..core.drop_compute import micro_batches_done
 from ..core.faults import Fault, active, for_start, parse_faults
 from ..core.message import Message
@@ -37,7 +38,8 @@ class WorkerSettings:
     (`refresh_over`: the staleness over which a pipelined worker recomputes a buffer before it
     sends, --on-stale refresh; None: never), emulated compute (`compute_time`: every
     partition gradient takes at least this many seconds, --compute-time; None: as long as it takes)
-    and --abandon-late (`abandon_late`, with the check points of `micro_batches` per gradient)."""
+    and --abandon-late (`abandon_late`, with the check points of `micro_batches` per gradient;
+    `max_staleness`, the staleness bound, says where dropping a pipelined job costs a gradient)."""
 
     faults: tuple[Fault, ...] = ()
     refresh_over: int | None = None
@@ -45,12 +47,14 @@ class WorkerSettings:
     micro_batches: int = 1  # --accumulate: the micro-batches of a partition gradient (its check points)
     abandon_late: bool = False  # drop a decided job at a check point (pgc_mpi.runtime.abandon)
     drop_compute: float | str | None = None  # DropCompute's threshold in seconds, or auto (core.drop_compute)
+    max_staleness: int | None = None  # --max-staleness in steps (None: no bound)
 
     @classmethod
     def of(cls, cfg: TrainConfig, scheme: CodedScheme | PbsScheme) -> WorkerSettings:
         """A run's worker settings (a resumed start drops faults that name a worker it lacks)."""
         return cls(tuple(parse_faults(cfg.fault, scheme.n, elastic=cfg.resume is not None)), cfg.refresh_over(scheme),
-                   cfg.compute_time, cfg.accumulate, cfg.abandons_late(), cfg.drop_compute)
+                   cfg.compute_time, cfg.accumulate, cfg.abandons_late(), cfg.drop_compute,
+                   cfg.staleness_bound(scheme))
 
 
 def _never() -> bool:
@@ -212,8 +216,11 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
         delay = delays.delay(worker, step)
         floor = len(slots) * (settings.compute_time or 0.0)  # --compute-time's share of the job
         # a worker's first job of a start is never abandoned (pgc_mpi.core.abandon)
-        check = (JobCheck(watch, step, scheme.pipelined, began, len(slots), settings.micro_batches, floor, delay)
-                 if watch is not None and step != first else None)
+        if watch is not None and step != first:
+            costs = drop_costs_a_gradient(scheme, worker, step, slots, versions, settings.max_staleness, first)
+            check = JobCheck(watch, step, costs, began, len(slots), settings.micro_batches, floor, delay)
+        else:
+            check = None
         kept = [(k, buffers[k].copy(), versions[k]) for k in slots] if check is not None else []
         threshold = thresholds.threshold() if thresholds is not None else None
         drop = Dropping(began, floor + delay, settings.micro_batches, threshold) if threshold is not None else None

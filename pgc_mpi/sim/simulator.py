@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import SimConfig
-from ..core.abandon import abandon_margin, next_check_point
+from ..core.abandon import abandon_margin, drop_costs_a_gradient, next_check_point
 from ..core.collector import CodedCollector, Decoded, TableCollector, make_collector
 from ..core.drop_compute import fixed_threshold, make_auto, micro_batches_done
 from ..core.message import Layout, Message, buffers_per_message, gradient_header
@@ -99,6 +99,7 @@ class SimWorkers:
         self.count = [0] * n  # pbs: computations started per worker (its slot rotation)
         self.slots: list[tuple[int, ...]] = [()] * n  # coded: the slots each worker's current job computes
         self.refresh_over = cfg.refresh_over(scheme)
+        self.bound = cfg.staleness_bound(scheme)  # --abandon-late: a dropped slot past it costs a gradient
         self.wire = wire_format(cfg.wire_dtype, np.float64)  # messages as the master receives them (--wire-dtype)
         self._attempts: dict[tuple[int, int], int] = {}  # pbs: computations per (worker, model)
         self._events: list[tuple[float, int, int, int, float]] = []  # (end, worker, version, count, delay)
@@ -166,17 +167,19 @@ class SimWorkers:
     def abandon(self, step: int, told: float) -> int:
         """--abandon-late: every busy worker computing for step `step` or earlier, told at `told`
         that it is decided, stops at its next check point, if its job has one left (a hung worker
-        checks nothing), unless it is the worker's first job, and, for a pipelined scheme, only at
-        a check point that leaves more than one partition gradient of the job (pgc_mpi.core.abandon).
-        Returns how many jobs were abandoned."""
+        checks nothing), unless it is the worker's first job, and, where dropping costs a gradient
+        later (a pipelined slot past the staleness bound), only at a check point that leaves more
+        than one partition gradient of the job (pgc_mpi.core.abandon). Returns how many jobs were
+        abandoned."""
         if not self.abandon_late:
             return 0
         abandoned = 0
         micro = self.cfg.accumulate
-        margin = abandon_margin(self.scheme.pipelined, self.cfg.compute_time)
         for i in range(self.scheme.n):
             if not self.busy[i] or self.job[i] > step or self.until[i] == math.inf or not self.finished[i]:
                 continue
+            costs = drop_costs_a_gradient(self.scheme, i, self.job[i], self.slots[i], self.versions[i], self.bound)
+            margin = abandon_margin(costs, self.cfg.compute_time)
             stop = next_check_point(self.began[i], self.until[i], micro * max(1, len(self.slots[i])), told, margin)
             if stop is not None:
                 self._cancelled.add((i, self.count[i] - 1))

@@ -24,20 +24,24 @@ def _messages(out, worker: int | None = None) -> list[MessageRecord]:
             if worker is None or m.worker == worker]
 
 
-@pytest.mark.parametrize("scheme", ["is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "is-gc-cr", "pgc-fr", "pgc-cr"])
-def test_abandoned_steps_leave_decoding_as_the_scheme_makes_it(tmp_path, scheme):
+ABANDONING = ("is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "is-gc-cr", "pgc-fr", "pgc-cr")
+
+
+@pytest.mark.parametrize(("scheme", "bound"), [(name, "window") for name in ABANDONING] + [("pgc-fr", "none")])
+def test_abandoned_steps_leave_decoding_as_the_scheme_makes_it(tmp_path, scheme, bound):
     """float64, delays of mean 2x the emulated 50 ms a gradient, 4 micro-batches per gradient (8
     check points a gradient job): workers drop decided jobs, and replaying the messages that came
     (their steps and buffer versions) in the simulator gives the MPI master's parameters at every
     step: nothing of a dropped job reached a message, and every message sent is one the scheme
-    decodes as without the flag."""
+    decodes as without the flag. With --max-staleness none a pgc worker drops wherever it is told
+    (nothing is refreshed), and its buffers grow older than the window."""
     out = tmp_path / "run"
     steps = 16
     proc = run_train(5, ["--scheme", scheme, "-s", "1", "--steps", str(steps), "--dtype", "float64",
                          "--batch-size", "16", "--accumulate", "4", "--lr", "0.5", "--seed", "3", "--record-params",
                          "--eval-every", "100",
                          "--compute-time", "0.05", "--delay", "exp:0.1", "--abandon-late", "--grace", "5",
-                         "--out", str(out)])
+                         "--max-staleness", bound, "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = steps_of(out)
     assert sum(r["abandoned"] for r in records) >= 3, [r["abandoned"] for r in records]
@@ -46,8 +50,10 @@ def test_abandoned_steps_leave_decoding_as_the_scheme_makes_it(tmp_path, scheme)
     got = np.load(out / "params.npy")
     assert got.shape == (steps + 1, problem.dim)
     assert np.abs(got - np.stack(expected)).max() < 1e-10
-    if scheme.startswith("pgc-"):  # an abandoned slot is refreshed before it is sent (--on-stale refresh)
+    if scheme.startswith("pgc-") and bound == "window":  # a dropped slot is refreshed before it is sent
         assert all(r["max_staleness"] <= 1 for r in records)
+    elif scheme.startswith("pgc-"):
+        assert max(r["max_staleness"] for r in records) > 1
     summary = events_of(out, "summary")[0]
     assert summary["abandoned_jobs"] == sum(r["abandoned"] for r in records) and "decided jobs abandoned" in proc.stdout
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from pgc_mpi.config import SimConfig
-from pgc_mpi.core.abandon import abandon_margin, abandons, check_points, next_check_point
+from pgc_mpi.core.abandon import abandon_margin, abandons, check_points, drop_costs_a_gradient, next_check_point
+from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.learning.problems import PROBLEMS
 from pgc_mpi.sim.simulator import simulate
 
@@ -17,7 +18,16 @@ def test_check_points_after_each_forward_and_between_micro_batches():
     assert next_check_point(1.0, 1.6, 2, told=1.45) is None  # past the last: it finishes, late
 
 
-def test_a_pipelined_worker_drops_a_job_only_with_more_than_a_gradient_of_it_left():
+def test_a_dropped_pipelined_slot_costs_a_gradient_only_past_the_staleness_bound():
+    fr = make_scheme("pgc-fr", n=6, s=2)  # c = 3: worker 0's step-t job computes slot t mod 3
+    kept_up = [3, 4, 5]  # before its step-6 job: slot k last computed at step 3 + k
+    assert drop_costs_a_gradient(fr, 0, 6, (0,), kept_up, bound=2)  # slot 0 would be 4 steps old at 7
+    assert not drop_costs_a_gradient(fr, 0, 6, (0,), kept_up, bound=4)
+    assert not drop_costs_a_gradient(fr, 0, 6, (0,), kept_up, bound=None)  # --max-staleness none
+    assert not drop_costs_a_gradient(make_scheme("is-sgd", n=6, s=2), 0, 6, (0,), [5], bound=0)
+
+
+def test_a_worker_drops_a_job_only_with_more_than_a_gradient_of_it_left_where_dropping_costs_one():
     assert abandon_margin(True, 0.05) == 0.05 and abandon_margin(False, 0.05) == 0.0
     assert next_check_point(1.0, 1.6, 2, told=1.25, margin=0.25) == pytest.approx(1.3)  # 0.3 s left
     assert next_check_point(1.0, 1.6, 2, told=1.05, margin=0.45) == pytest.approx(1.1)  # 0.5 s left
@@ -49,21 +59,27 @@ def test_a_straggler_that_never_counts_abandons_its_steps_and_the_run_is_unchang
     assert all(3 not in r["arrivals"] for r in quick.records)
 
 
-@pytest.mark.parametrize("scheme", ["pgc-cr", "pgc-fr", "is-sgd"])
-def test_a_pipelined_straggler_finishes_a_job_with_one_gradient_or_less_left(scheme):
-    """Worker 3 is always 50 ms slower (jobs of 0.1 s compute in 4 micro-batches, s = 1): its first
-    job ends late at 0.15 s, so its second runs from 0.15 s to 0.3 s and is decided at 0.2 s,
+@pytest.mark.parametrize(("scheme", "max_staleness", "abandoned", "late"), [
+    ("pgc-fr", "window", [0, 0, 1, 1, 1, 1], [0, 1, 1, 0, 0, 0]),
+    ("pgc-cr", "window", [0, 0, 1, 1, 1, 1], [0, 1, 1, 0, 0, 0]),
+    ("is-sgd", "window", [0, 1, 1, 1, 1, 1], [0, 1, 0, 0, 0, 0]),
+    ("pgc-fr", "none", [0, 1, 1, 1, 1, 1], [0, 1, 0, 0, 0, 0]),
+    ("pgc-fr", 2, [0, 1, 0, 1, 1, 1], [0, 1, 0, 1, 0, 0]),
+])
+def test_a_pipelined_straggler_finishes_a_job_with_one_gradient_or_less_left(scheme, max_staleness, abandoned, late):
+    """Worker 3 is always 50 ms slower (jobs of 0.1 s compute in 4 micro-batches, s = 1, c = 2): its
+    first job ends late at 0.15 s, so its second runs from 0.15 s to 0.3 s and is decided at 0.2 s,
     when the others' step-1 messages arrive. Its check points from there (0.2, 0.225, 0.2375 s)
-    leave 0.1 s or less, one partition gradient: a pipelined worker finishes it (its message is
-    late, its buffer fresh) rather than drop it and refresh the slot later; is-sgd, which has no
-    buffers to refresh, drops it at 0.2 s."""
+    leave 0.1 s or less, one partition gradient. Under the staleness window (1 step) the dropped
+    slot would be past it at the next job and refreshed: a pipelined worker finishes the job (its
+    message is late, its buffer fresh). is-sgd has no buffers, and under --max-staleness none
+    nothing is refreshed: both drop it at 0.2 s. Under a bound of 2 the first drop costs nothing,
+    but a second one in a row would leave that slot 3 steps old: step 2's job is finished."""
     cfg = SimConfig(scheme=scheme, workers=4, stragglers=1, steps=6, lr=0.1, delay="fixed:3:0.05", seed=3,
-                    compute_time=0.1, abandon_late=True, accumulate=4)
+                    compute_time=0.1, abandon_late=True, accumulate=4, max_staleness=max_staleness)
     records = simulate(cfg, PROBLEMS["least-squares"](4, samples=80, dim=5, seed=3)).records
-    pipelined = scheme != "is-sgd"
-    assert [r["abandoned"] for r in records[:3]] == ([0, 0, 1] if pipelined else [0, 1, 1])
-    assert [r["late"] for r in records[:3]] == ([0, 1, 1] if pipelined else [0, 1, 0])
-    assert sum(r["abandoned"] for r in records) == 4 if pipelined else 5  # every later job: 2 gradients
+    assert [r["abandoned"] for r in records] == abandoned
+    assert [r["late"] for r in records] == late
 
 
 @pytest.mark.parametrize("scheme", ["pgc-fr", "gc-cr", "pgc-cr", "is-sgd"])
