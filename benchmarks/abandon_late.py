@@ -55,13 +55,13 @@ def fresh_floor(scheme: str, s: int, n: int, delay: str, seed: int, compute: flo
 
 
 def run(args: argparse.Namespace, scheme: str, s: int, delay: str, seed: int, abandon: bool,
-        drop_compute: float | str | None = None, max_staleness: str = "window") -> tuple[float, ...]:
+        drop_compute: float | str | None = None) -> tuple[float, ...]:
     """(mean step, time to target, steps to target, share of micro-batches computed) of one
     simulated run (nan: not reached)."""
     cfg = SimConfig(scheme=scheme, workers=args.workers, stragglers=s, steps=args.max_steps, lr=args.lr,
                     accumulate=args.accumulate, delay=delay, seed=seed,
                     compute_time=args.compute_time, eval_every=args.eval_every, target_loss=args.target_loss,
-                    abandon_late=abandon, drop_compute=drop_compute, max_staleness=max_staleness)
+                    abandon_late=abandon, drop_compute=drop_compute, max_staleness=args.max_staleness)
     problem = load_problem(args.dataset, args.model, args.workers, args.batch_size, seed=seed)
     result = simulate(cfg, problem)
     hit = result.first_below(result.loss_key, args.target_loss)
@@ -92,14 +92,12 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=300)
     p.add_argument("--thresholds", default="0.02,0.03,0.04,0.05,0.06,0.075,0.1,0.125,0.15,0.2,0.3",
                    help="DropCompute thresholds (seconds) tried for dgd")
-    p.add_argument("--abandon-max-staleness", default="window",
-                   help="--max-staleness of the abandoning runs (the finishing ones keep the window)")
+    p.add_argument("--max-staleness", default="window", help="--max-staleness of every run")
     args = p.parse_args()
     print(f"{args.workers} workers, {args.model} on {args.dataset}, {args.batch_size} x {args.accumulate} "
           f"micro-batches per partition gradient, compute {args.compute_time} s per gradient, target loss "
           f"{args.target_loss}, {args.seeds} seeds; means over seeds, ratios abandon/finish paired by seed "
-          f"[95% interval]" + (f"; abandoning with --max-staleness {args.abandon_max_staleness}"
-                               if args.abandon_max_staleness != "window" else ""))
+          f"[95% interval]" + (f"; --max-staleness {args.max_staleness}" if args.max_staleness != "window" else ""))
     head = ("| delay | scheme | s | mean step: finish | abandon | ratio | fresh-start floor | abandon / floor "
             "| time to target: finish | abandon | ratio | steps: finish | abandon |")
     print(head)
@@ -110,8 +108,7 @@ def main() -> None:
             seeds = range(args.seeds)
             finish = np.array([run(args, scheme, s, delay, seed, False) for seed in seeds])
             if scheme != "dgd":
-                abandon = np.array([run(args, scheme, s, delay, seed, True, max_staleness=args.abandon_max_staleness)
-                                    for seed in seeds])
+                abandon = np.array([run(args, scheme, s, delay, seed, True) for seed in seeds])
                 print(_row(args, delay, scheme, s, seeds, finish, abandon), flush=True)
                 continue
             # dgd: DropCompute at two of the thresholds instead of abandoning

@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .schemes import staleness
+
 if TYPE_CHECKING:
     from .schemes import CodedScheme
 
@@ -58,12 +60,18 @@ def check_points(began: float, until: float, micro_batches: int) -> list[float]:
 def drop_costs_a_gradient(scheme: CodedScheme, worker: int, step: int, slots: Sequence[int],
                           versions: Sequence[int], bound: int | None, first: int = 0) -> bool:
     """Whether dropping `worker`'s job for `step` (it computes `slots`; their buffers keep
-    `versions`) leaves one of them over the staleness `bound` at the worker's next job, of step
-    step + 1 at the earliest: that buffer is then recomputed first (--on-stale refresh) or the
-    message rejected (reject). Never without a bound or stored buffers (only pgc-* has them)."""
+    `versions`) sends one of them past the staleness `bound` before the slot's next fresh turn
+    (its messages of steps step + 1 .. turn - 1 carry it): that buffer is then recomputed first
+    (--on-stale refresh) or the message rejected (reject). Never without a bound or stored
+    buffers (only pgc-* has them)."""
     if bound is None or not scheme.pipelined:
         return False
-    return bool(set(scheme.refresh_slots(worker, step + 1, versions, bound, first)) & set(slots))
+    for k in slots:
+        turn = next((u for u in range(step + 1, step + scheme.c + 1) if k in scheme.fresh_slots(u, worker)),
+                    step + scheme.c)
+        if turn - 1 > step and staleness(turn - 1, versions[k], first) > bound:
+            return True
+    return False
 
 
 def abandon_margin(drop_costs: bool, gradient_time: float) -> float:

@@ -21,8 +21,10 @@ def test_check_points_after_each_forward_and_between_micro_batches():
 def test_a_dropped_pipelined_slot_costs_a_gradient_only_past_the_staleness_bound():
     fr = make_scheme("pgc-fr", n=6, s=2)  # c = 3: worker 0's step-t job computes slot t mod 3
     kept_up = [3, 4, 5]  # before its step-6 job: slot k last computed at step 3 + k
-    assert drop_costs_a_gradient(fr, 0, 6, (0,), kept_up, bound=2)  # slot 0 would be 4 steps old at 7
-    assert not drop_costs_a_gradient(fr, 0, 6, (0,), kept_up, bound=4)
+    # dropped, slot 0 keeps version 3 until its next turn, step 9: step 8's message sends it 5 steps old
+    assert drop_costs_a_gradient(fr, 0, 6, (0,), kept_up, bound=2)
+    assert drop_costs_a_gradient(fr, 0, 6, (0,), kept_up, bound=4)
+    assert not drop_costs_a_gradient(fr, 0, 6, (0,), kept_up, bound=5)
     assert not drop_costs_a_gradient(fr, 0, 6, (0,), kept_up, bound=None)  # --max-staleness none
     assert not drop_costs_a_gradient(make_scheme("is-sgd", n=6, s=2), 0, 6, (0,), [5], bound=0)
 
@@ -73,8 +75,9 @@ def test_a_pipelined_straggler_finishes_a_job_with_one_gradient_or_less_left(sch
     leave 0.1 s or less, one partition gradient. Under the staleness window (1 step) the dropped
     slot would be past it at the next job and refreshed: a pipelined worker finishes the job (its
     message is late, its buffer fresh). is-sgd has no buffers, and under --max-staleness none
-    nothing is refreshed: both drop it at 0.2 s. Under a bound of 2 the first drop costs nothing,
-    but a second one in a row would leave that slot 3 steps old: step 2's job is finished."""
+    nothing is refreshed: both drop it at 0.2 s. Under a bound of 2 the first drop costs nothing
+    (the slot's warm-up buffer is sent once more, 2 steps old, before its turn), but dropping step
+    2's job would send its slot 3 steps old: that job is finished."""
     cfg = SimConfig(scheme=scheme, workers=4, stragglers=1, steps=6, lr=0.1, delay="fixed:3:0.05", seed=3,
                     compute_time=0.1, abandon_late=True, accumulate=4, max_staleness=max_staleness)
     records = simulate(cfg, PROBLEMS["least-squares"](4, samples=80, dim=5, seed=3)).records
