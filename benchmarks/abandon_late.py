@@ -79,6 +79,7 @@ def add_problem_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accumulate", type=int, default=4)
     p.add_argument("--lr", type=float, default=1.0)
     p.add_argument("--compute-time", type=float, default=0.05)
+    p.add_argument("--max-staleness", default="window", help="--max-staleness of every run")
 
 
 def main() -> None:
@@ -92,7 +93,6 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=300)
     p.add_argument("--thresholds", default="0.02,0.03,0.04,0.05,0.06,0.075,0.1,0.125,0.15,0.2,0.3",
                    help="DropCompute thresholds (seconds) tried for dgd")
-    p.add_argument("--max-staleness", default="window", help="--max-staleness of every run")
     args = p.parse_args()
     print(f"{args.workers} workers, {args.model} on {args.dataset}, {args.batch_size} x {args.accumulate} "
           f"micro-batches per partition gradient, compute {args.compute_time} s per gradient, target loss "

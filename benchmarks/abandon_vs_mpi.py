@@ -43,7 +43,7 @@ def _common(args: argparse.Namespace, scheme: str, s: int, delay: str, seed: int
     return ["--scheme", scheme, "-s", str(s), "--dataset", args.dataset, "--model", args.model,
             "--batch-size", str(args.batch_size), "--accumulate", str(args.accumulate), "--lr", str(args.lr),
             "--steps", str(args.steps), "--delay", delay, "--compute-time", str(args.compute_time),
-            "--seed", str(seed)]
+            "--seed", str(seed), "--max-staleness", args.max_staleness]
 
 
 def _variant(args: argparse.Namespace, scheme: str, changed: bool) -> dict:
@@ -76,7 +76,7 @@ def sim_run(args: argparse.Namespace, scheme: str, s: int, delay: str, seed: int
     """_means of the same run in the simulator (ddp's: dgd's)."""
     cfg = SimConfig(scheme="dgd" if scheme == "ddp" else scheme, workers=args.workers, stragglers=s,
                     steps=args.steps, lr=args.lr, accumulate=args.accumulate, delay=delay, seed=seed,
-                    compute_time=args.compute_time,
+                    compute_time=args.compute_time, max_staleness=args.max_staleness,
                     eval_every=args.steps, **_variant(args, scheme, changed))
     result = simulate(cfg, load_problem(args.dataset, args.model, args.workers, args.batch_size, seed=seed))
     return _means(result.records)
@@ -139,7 +139,8 @@ def main() -> None:
     args = p.parse_args()
     print(f"{args.workers} workers, {args.model} on {args.dataset}, {args.batch_size} x {args.accumulate} "
           f"micro-batches per partition gradient, compute {args.compute_time} s per gradient, {args.steps} steps, "
-          f"seeds {args.seeds}; mean [95% interval] over the seeds; step times in seconds\n")
+          f"seeds {args.seeds}, --max-staleness {args.max_staleness}; mean [95% interval] over the seeds; "
+          f"step times in seconds\n")
     print("| delay | scheme | s | MPI mean step: finish | abandon | ratio | simulated ratio | MPI / sim: finish "
           "| abandon | abandoned per step (dgd, ddp: share computed): MPI / sim | fresh-start floor |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
