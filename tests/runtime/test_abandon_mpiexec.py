@@ -98,9 +98,9 @@ def test_dgd_and_pbs_take_the_flag_and_never_abandon():
 
 def test_a_worker_drops_a_decided_job_where_the_scheme_says_it_is_worth_it():
     """The MPI worker's check (pgc_mpi.runtime.abandon.JobCheck), here on MPI_COMM_SELF with one
-    server's notice sent to itself: a job is dropped only once its step is decided, and a pipelined
-    worker's only with more than one partition gradient of it left (the refresh dropping costs
-    it). At a real check point the rest is the micro-batches' pace extrapolated, at least
+    server's notice sent to itself: a job is dropped only once its step is decided, and where
+    dropping costs a gradient later (a pgc slot past the staleness bound), only with more than one
+    partition gradient of it left. At a real check point the rest is the micro-batches' pace extrapolated, at least
     --compute-time's, and the delay after it."""
     import time
 
@@ -112,8 +112,8 @@ def test_a_worker_drops_a_decided_job_where_the_scheme_says_it_is_worth_it():
     watch = DecidedWatch(comm, servers=1)
     began = time.perf_counter()
 
-    def check(pipelined: bool, began: float = began, step: int = 5, gradients: int = 1) -> JobCheck:
-        return JobCheck(watch, step, pipelined, began, gradients, micro_batches=4, compute_floor=0.1 * gradients,
+    def check(drop_costs: bool, began: float = began, step: int = 5, gradients: int = 1) -> JobCheck:
+        return JobCheck(watch, step, drop_costs, began, gradients, micro_batches=4, compute_floor=0.1 * gradients,
                         delay=0.05)
 
     check(False).at(left=1.0, gradient_time=0.1)  # not decided yet: nothing is dropped
@@ -121,8 +121,8 @@ def test_a_worker_drops_a_decided_job_where_the_scheme_says_it_is_worth_it():
     sent = comm.Isend([notice, MPI.INT64_T], dest=0, tag=TAG_DECIDED)
     check(False, step=6).at(left=1.0, gradient_time=0.1)  # a later step's job is not decided
     with pytest.raises(Abandoned):
-        check(False).at(left=0.01, gradient_time=0.1)  # is-sgd, gc-*: any decided job
-    check(True).at(left=0.1, gradient_time=0.1)  # pgc-*: a gradient left is kept
+        check(False).at(left=0.01, gradient_time=0.1)  # dropping costs nothing (is-sgd, gc-*): any decided job
+    check(True).at(left=0.1, gradient_time=0.1)  # dropping costs a gradient: a gradient left is kept
     with pytest.raises(Abandoned):
         check(True).at(left=0.11, gradient_time=0.1)
     with pytest.raises(Abandoned):  # 10 ms into 0.15 s (0.1 s floor + delay): 0.14 s left
