@@ -28,6 +28,10 @@ class Diverged(PgcError):
     """Training produced non-finite numbers: every worker's gradient, or the parameters themselves."""
 
 
+class RunDataError(PgcError):
+    """A run's recorded file (config.json, say) that is missing or damaged beyond reading."""
+
+
 class WriteError(PgcError):
     """A file that could not be written: a full disk, a missing permission, a read-only file system."""
 

@@ -47,7 +47,6 @@ clock noise, as 0). Pure: no MPI, no torch.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +57,7 @@ import numpy as np
 from ..core.message import MessageRecord
 from ..core.stragglers import write_trace as write_trace_rows
 from ..errors import ConfigError
+from .metrics import read_metrics
 from .results import read_steps
 
 WARMUP = 5  # steps dropped at the start: their messages carry start-up effects
@@ -169,7 +169,7 @@ def load_steps(path: Path, scheme: str | None = None, seed: int | None = None) -
         return read_steps(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such run folder or pgc-sim --out file")
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = read_metrics(path)  # a damaged line: skipped, with a warning
     records = [r for r in records if "event" not in r and (scheme is None or r.get("scheme") == scheme)
                and (seed is None or r.get("seed") == seed)]
     runs = sorted({(str(r.get("scheme")), r.get("seed")) for r in records})

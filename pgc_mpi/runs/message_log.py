@@ -9,15 +9,18 @@ one compressed block, and returns the record for metrics.jsonl: its fixed-size f
 `n_messages`, `n_arrivals` and `n_used`. `read_steps` puts them back.
 
 The file is a sequence of blocks, one per step record, in step order. A block is a 32-byte
-header (little-endian, `HEADER`): magic b"PGCm", format version (2; blocks of format 1, written
-before turnaround was recorded, still read: their turnarounds are None), which of the record's keys
+header (little-endian, `HEADER`): magic b"PGCm", format version (3), which of the record's keys
 the block holds (bit i: `MOVED[i]`), c (buffer versions per message: each block says its own),
-the record's step (int64), rows (its messages), ages (pbs: n; else 0), the length and the CRC-32
-of the compressed body; then the body, zlib-compressed (level `LEVEL`) columns one after the
-other, `rows` values each unless said (`COLUMNS`):
+the record's step (int64), rows (its messages), ages (pbs: n; else 0), the length of the
+compressed body and a CRC-32 of the block as a whole: the header's other 28 bytes, then the
+body. Older blocks are still read: format 2's CRC covers the body only (a flipped header field
+passes it, and is caught when the body does not decode to the sizes the header promises), and
+format 1, written before turnaround was recorded, has no turnaround column (None). Then the body,
+zlib-compressed (level `LEVEL`) columns one after the other, `rows` values each unless said
+(`COLUMNS`):
 
 - worker (int32), back (int32: the record's step minus the message's step);
-- delay, compute_time, real_compute_time, turnaround (format 2 only): int64 nanoseconds
+- delay, compute_time, real_compute_time, turnaround (formats 2 and 3): int64 nanoseconds
   (`NAN_NS` for NaN, `INF_NS` for infinity), byte-shuffled. Read back as seconds they are the
   original to the nanosecond, and exactly the original when it had at most 9 decimals (a
   --delay or --compute-time given in the flags). A trace replays delays
@@ -41,8 +44,11 @@ seen: the collectors' lists are subsequences of their messages) stays in the JSO
 
 Crash safety: a block is written in one write and flushed before its step's JSON line, so a
 record always has its block; a killed job leaves at most one partial last block. Damage is
-contained: the reader (`scan`) checks every block (magic, length, CRC), skips a bad one to the
-next intact block instead of dropping the rest of the file, and `with_messages` marks the step
+contained: the reader (`scan`) checks every block as a whole (magic, format, length, the CRC of
+header and body), skips a bad one to the next intact block instead of dropping the rest of the
+file, and a block that passes the checks but does not decode to exactly what its header says
+(only an old format's header flip, or a CRC collision, one in 4 billion) counts as damaged
+too, never raised. `with_messages` marks the step
 records whose block is lost (`detail_lost`) and warns (DetailLostWarning) naming the file, the
 steps and the damaged bytes. A resume cuts the file after the last block of a step before the
 resume step, as MetricsWriter cuts metrics.jsonl, and says so when it cuts a partial last block.
@@ -71,10 +77,12 @@ from ..errors import WriteError, write_failure
 
 NAME = "messages.bin"
 MAGIC = b"PGCm"
-FORMAT = 2
-FORMATS = (1, 2)  # the block formats the reader takes: 1 has no turnaround column
-# magic, format, moved keys (bits), c, step, rows, ages, compressed length, CRC-32 of the compressed bytes
+FORMAT = 3
+FORMATS = (1, 2, 3)  # the block formats the reader takes: 1 has no turnaround column; 1 and 2 check the body only
+# magic, format, moved keys (bits), c, step, rows, ages, compressed length, CRC-32 (format 3: of the
+# header's first 28 bytes and the compressed body; 1 and 2: of the compressed body)
 HEADER = struct.Struct("<4sBBHqIIII")
+CHECKED = HEADER.size - 4  # the header's bytes before its CRC: format 3's CRC covers them
 LEVEL = 1  # zlib level: levels 6 and 9 save under 2 % on these columns, at several times the time
 MOVED = ("messages", "arrivals", "used", "rejected", "versions", "ages")  # bit i of the header's field
 VERDICTS = ("used", "accepted", "late", "stale", "rejected")  # MessageRecord.verdict, by code
@@ -82,7 +90,7 @@ ARRIVED, USED, REJECTED, WHOLE = 1, 2, 4, 8  # row flags (WHOLE: the turnaround 
 COLUMNS = (("worker", "<i4"), ("back", "<i4"), ("delay", "<i8"), ("compute_time", "<i8"),
            ("real_compute_time", "<i8"), ("turnaround", "<i8"), ("gradients", "<i4"), ("verdict", "u1"),
            ("flags", "u1"))
-COLUMNS_OF = {2: COLUMNS, 1: tuple(c for c in COLUMNS if c[0] != "turnaround")}  # by block format
+COLUMNS_OF = {3: COLUMNS, 2: COLUMNS, 1: tuple(c for c in COLUMNS if c[0] != "turnaround")}  # by block format
 TIMES = ("delay", "compute_time", "real_compute_time", "turnaround")  # in nanoseconds, byte-shuffled
 FIELDS = len(MessageRecord._fields)  # a message's JSON list: MessageRecord's fields in order
 NAN_NS, INF_NS = np.iinfo(np.int64).min, np.iinfo(np.int64).max
@@ -203,7 +211,8 @@ def pack(record: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
     parts += [versions.astype("<i4").tobytes(), ages.astype("<i4").tobytes()]
     body = zlib.compress(b"".join(parts), LEVEL)
     bits = sum(_BIT[key] for key in moved)
-    header = HEADER.pack(MAGIC, FORMAT, bits, c, step, rows, len(ages), len(body), zlib.crc32(body))
+    head = HEADER.pack(MAGIC, FORMAT, bits, c, step, rows, len(ages), len(body), 0)[:CHECKED]
+    header = head + struct.pack("<I", zlib.crc32(body, zlib.crc32(head)))
     slim = {k: v for k, v in record.items() if k not in moved}
     slim["n_messages"] = rows
     if "arrivals" in record:
@@ -211,6 +220,10 @@ def pack(record: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
     if "used" in record:
         slim["n_used"] = len(record["used"])
     return slim, header + body
+
+
+class BadBlock(ValueError):
+    """A block whose checks passed but whose body does not decode to what its header says."""
 
 
 @dataclass(frozen=True)
@@ -226,9 +239,18 @@ class Block:
     format: int = FORMAT
 
     def lists(self) -> dict[str, Any]:
-        """The record's lists this block holds, in their JSON form."""
-        data, at, cols = zlib.decompress(self.body), 0, {}
-        for name, code in COLUMNS_OF[self.format]:
+        """The record's lists this block holds, in their JSON form. BadBlock when the body does not
+        decode to exactly what the header says (sizes, verdict codes, keys): a damaged block."""
+        try:
+            data = zlib.decompress(self.body)
+        except zlib.error as exc:
+            raise BadBlock(f"the body does not decompress ({exc})") from None
+        columns = COLUMNS_OF[self.format]
+        fixed = self.rows * sum(np.dtype(code).itemsize for _, code in columns)
+        if self.moved >> len(MOVED) or len(data) < fixed:
+            raise BadBlock(f"{len(data)} bytes do not hold {self.rows} rows (or unknown keys {self.moved:#x})")
+        at, cols = 0, {}
+        for name, code in columns:
             dtype = np.dtype(code)
             chunk = data[at:at + dtype.itemsize * self.rows]
             cols[name] = _unshuffle(chunk, dtype, self.rows) if name in TIMES else np.frombuffer(chunk, dtype)
@@ -236,6 +258,9 @@ class Block:
         flags = cols["flags"]
         arrived = np.flatnonzero(flags & ARRIVED)
         held = len(arrived) * self.c if self.moved & _BIT["versions"] else 0
+        if len(data) != at + 4 * (held + self.ages) or (cols["verdict"] >= len(VERDICTS)).any():
+            raise BadBlock(f"{len(data)} bytes are not the {at + 4 * (held + self.ages)} its header promises, "
+                           f"or a verdict code is unknown")
         versions = np.frombuffer(data, "<i4", held, at).astype(np.int64)
         ages = np.frombuffer(data, "<i4", self.ages, at + 4 * held)
         workers = cols["worker"].tolist()
@@ -289,7 +314,11 @@ def _block_at(data: bytes, at: int) -> tuple[int, Block] | None:
         return None
     magic, fmt, moved, c, step, rows, ages, length, crc = HEADER.unpack_from(data, at)
     body = data[at + HEADER.size:at + HEADER.size + length]
-    if magic != MAGIC or fmt not in FORMATS or len(body) != length or zlib.crc32(body) != crc:
+    if magic != MAGIC or fmt not in FORMATS or len(body) != length:
+        return None
+    # format 3 checks the header too: a flipped rows, c, step or key bit must not pass
+    start = zlib.crc32(data[at:at + CHECKED]) if fmt >= 3 else 0
+    if zlib.crc32(body, start) != crc:
         return None
     return at + HEADER.size + length, Block(moved, c, step, rows, ages, body, fmt)
 
@@ -374,30 +403,47 @@ class MessageLog:
 def with_messages(steps: list[dict[str, Any]], out_dir: Path) -> list[dict[str, Any]]:
     """Step records of OUT/metrics.jsonl with their lists from OUT/messages.bin put back (in place;
     returned). A list the record holds itself (written before messages.bin existed, or one the
-    block could not express) stays. A record whose block is missing (messages.bin damaged or
-    cut) gets `"detail_lost": true`, and a DetailLostWarning names the file, the steps and the
-    damaged bytes."""
+    block could not express) stays. A record whose block is missing, does not decode, or does
+    not match the record's counts (messages.bin damaged or cut) gets `"detail_lost": true`, and
+    a DetailLostWarning names the file, the steps and the damaged bytes. Never raises for a
+    damaged file."""
     wanted = {r["step"] for r in steps if "n_messages" in r and "messages" not in r}
     if not wanted:
         return steps
     path = Path(out_dir) / NAME
     found, damage = scan(path)
     by_step = {b.step: b for _, b in found if b.step in wanted}
-    lost = []
+    lost, undecoded = [], []
     for record in steps:
         block = by_step.get(record["step"])
-        if block is not None and "messages" not in record:
-            for key, value in block.lists().items():
+        lists = _decoded(block, record) if block is not None and "messages" not in record else None
+        if lists is not None:
+            for key, value in lists.items():
                 record.setdefault(key, value)
         elif record["step"] in wanted:
             record["detail_lost"] = True
             lost.append(record["step"])
+            if block is not None:
+                undecoded.append(record["step"])
     if lost:
-        why = "; damaged: " + ", ".join(d.describe() for d in damage) if damage else \
-            ("" if path.exists() else " (the file is missing)")
-        warnings.warn(f"{path}: the per-message detail of {len(lost)} steps is lost ({step_ranges(lost)}){why}",
+        why = [d.describe() for d in damage] + \
+            ([f"the blocks of {step_ranges(undecoded)} do not decode to their records"] if undecoded else [])
+        why_text = "; damaged: " + ", ".join(why) if why else ("" if path.exists() else " (the file is missing)")
+        warnings.warn(f"{path}: the per-message detail of {len(lost)} steps is lost ({step_ranges(lost)}){why_text}",
                       DetailLostWarning, stacklevel=2)
     return steps
+
+
+def _decoded(block: Block, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The block's lists when it decodes and agrees with the record's counts, else None."""
+    try:
+        lists = block.lists()
+    except BadBlock:
+        return None
+    counts = (("n_messages", "messages"), ("n_arrivals", "arrivals"), ("n_used", "used"))
+    if any(count in record and key in lists and record[count] != len(lists[key]) for count, key in counts):
+        return None
+    return lists
 
 
 def step_ranges(steps: list[int]) -> str:

@@ -6,10 +6,13 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import socket
 import sys
 import time
+import warnings
+import zlib
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..errors import ConfigError, WriteError, write_failure
+from ..errors import ConfigError, RunDataError, WriteError, write_failure
 
 
 def _plain(value: Any) -> Any:
@@ -53,17 +56,13 @@ class MetricsWriter:
         self.path = out_dir / "metrics.jsonl"
         kept: list[str] = []
         if keep_steps_before is not None and self.path.exists():
-            with self.path.open() as fh:
-                for line in fh:
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError:
-                        break  # a line cut short by a crash: everything after it is lost anyway
-                    step = rec.get("step", keep_steps_before)
-                    # a worker lost at the resume step was lost before the checkpoint of that step
-                    lost_then = step == keep_steps_before and rec.get("event") == "worker_lost"
-                    if rec.get("event") in KEPT_ON_RESUME and (step < keep_steps_before or lost_then):
-                        kept.append(line if line.endswith("\n") else line + "\n")
+            # damaged lines (a crash's torn last line, a flipped byte) are dropped, never kept
+            for _, rec in read_lines(self.path)[0]:
+                step = rec.get("step", keep_steps_before)
+                # a worker lost at the resume step was lost before the checkpoint of that step
+                lost_then = step == keep_steps_before and rec.get("event") == "worker_lost"
+                if rec.get("event") in KEPT_ON_RESUME and (step < keep_steps_before or lost_then):
+                    kept.append(json_line(rec))  # with its CRC, whether or not the old line had one
         with self.path.open("w") as fh:
             fh.writelines(kept)
         # appends from here on: a failing rank may append its "failed" summary at any time
@@ -99,12 +98,22 @@ def master_times(seconds: dict[str, float] | None = None) -> dict[str, float]:
     return {f"{part}_time": (seconds or {}).get(part, 0.0) for part in MASTER_PARTS}
 
 
+# Every line of metrics.jsonl ends with the CRC-32 of the rest of the line: a flipped byte would
+# otherwise often leave valid JSON with a wrong number in it (a digit flips to another digit).
+# The field is the record's last key, `"crc32": "<8 hex digits>"`, so the line stays plain JSON
+# for jq and friends; the CRC covers the line as it reads without it (`{...}`, ASCII).
+CRC_KEY = "crc32"
+_CRC_TAIL = re.compile(rb', "crc32": "([0-9a-f]{8})"\}\s*$')
+
+
 def json_line(record: dict[str, Any]) -> str:
     """A metrics record as its line of metrics.jsonl, stamped with "time", when it was written
-    (seconds since the epoch, UTC, to the millisecond), unless it has a "time" of its own."""
+    (seconds since the epoch, UTC, to the millisecond), unless it has a "time" of its own, and
+    ending with its CRC-32 (`CRC_KEY`; see read_metrics)."""
     if "time" not in record:
         record = {**record, "time": round(time.time(), 3)}
-    return json.dumps(_plain(record)) + "\n"
+    body = json.dumps({k: v for k, v in _plain(record).items() if k != CRC_KEY})  # ASCII: ensure_ascii
+    return f'{body[:-1]}, "{CRC_KEY}": "{zlib.crc32(body.encode()):08x}"}}\n'
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -113,10 +122,90 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(_plain(data), indent=2) + "\n")
 
 
+def read_json(path: Path, what: str = "the run's configuration") -> dict[str, Any]:
+    """A JSON object file (config.json) as a dict; RunDataError, one line naming the file and what
+    to do, when it cannot be read or is damaged (not JSON, not an object)."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise RunDataError(f"{path}: missing ({what}); give a run folder that holds it") from None
+    except OSError as exc:
+        raise RunDataError(f"{path}: cannot be read ({exc.strerror or exc}); check the file's permissions") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both
+        raise RunDataError(f"{path}: damaged, not JSON ({str(exc).splitlines()[0]}); it holds {what}: restore it "
+                           f"from a copy, or rerun") from None
+    if not isinstance(data, dict):
+        raise RunDataError(f"{path}: damaged, not a JSON object; it holds {what}: restore it from a copy, or rerun")
+    return data
+
+
+class DamagedLinesWarning(UserWarning):
+    """A metrics.jsonl has lines that are damaged (their CRC or JSON fails): they were skipped."""
+
+
+def parse_line(line: bytes, checked: bool) -> dict[str, Any] | None:
+    """One line of metrics.jsonl as its record, or None when it is damaged: its CRC does not match,
+    it is not a JSON object, or (`checked`: the file's lines carry CRCs) it has lost its CRC."""
+    tail = _CRC_TAIL.search(line)
+    if tail is not None:
+        body = line[:tail.start()] + b"}"
+        if zlib.crc32(body) != int(tail.group(1), 16):
+            return None
+    elif checked:
+        return None
+    else:  # written before lines carried a CRC: JSON is all there is to check
+        body = line
+    try:
+        record = json.loads(body)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def read_lines(path: Path) -> tuple[list[tuple[bytes, dict[str, Any]]], list[int]]:
+    """(the (line, record) of every intact line, the 1-based numbers of the damaged ones) of a
+    metrics.jsonl. The lines carry CRCs when any intact one does (a file written before they did
+    is checked by its JSON only)."""
+    lines = [line for line in Path(path).read_bytes().split(b"\n")]
+    if lines and not lines[-1].strip():
+        lines.pop()  # the newline that ends the last line
+    checked = any(_CRC_TAIL.search(line) and parse_line(line, True) is not None for line in lines)
+    intact, damaged = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        record = parse_line(line, checked)
+        if record is None:
+            damaged.append(number)
+        else:
+            intact.append((line, record))
+    return intact, damaged
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl."""
-    with Path(path).open() as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    """All intact records of a metrics.jsonl, in order (without their CRC field). A damaged line (a
+    flipped byte, a line cut short by a crash, garbage) is skipped with a DamagedLinesWarning that
+    names the file, the lines and the steps now missing; it never raises for damage."""
+    intact, damaged = read_lines(path)
+    records = [{k: v for k, v in record.items() if k != CRC_KEY} for _, record in intact]
+    if damaged:
+        missing = _missing_steps(records)
+        lost = f"steps {', '.join(map(str, missing))} are missing" if missing else "no step record is missing"
+        warnings.warn(f"{path}: {len(damaged)} damaged line(s) skipped (line {', '.join(map(str, damaged[:10]))}"
+                      f"{', ...' if len(damaged) > 10 else ''}): {lost}", DamagedLinesWarning, stacklevel=2)
+    return records
+
+
+def _missing_steps(records: list[dict[str, Any]]) -> list[int]:
+    """The steps from 0 (a run folder's records start there, a resume keeps the earlier ones) to the
+    last one any record names (a step, an evaluation, a summary's count) with no step record."""
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    have = {r["step"] for r in records if "event" not in r and whole(r.get("step"))}
+    named = [r["step"] for r in records if whole(r.get("step"))]
+    named += [r["steps"] - 1 for r in records if r.get("event") == "summary" and whole(r.get("steps"))]
+    return sorted(set(range(max(named, default=-1) + 1)) - have)
 
 
 LOG_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(message)s"

@@ -20,7 +20,6 @@ Pure: no MPI, no torch.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +28,9 @@ import numpy as np
 
 from ..choices import PEER_SCHEMES
 from ..core.message import MessageRecord
-from ..errors import ConfigError
+from ..errors import ConfigError, RunDataError
 from .delays import WARMUP, DelayReport, extras, summarize
-from .metrics import MASTER_PARTS
+from .metrics import MASTER_PARTS, read_json
 from .results import load_run
 
 MIN_STEPS = 30  # models with messages past the warm-up: fewer say too little about the tail of the delays
@@ -109,9 +108,11 @@ def read_probe(path: Path, warmup: int = WARMUP) -> Probe:
             raise ProbeError(f"{path}: not a run folder (no {name}); give the --out folder of a pgc-train or "
                              f"pgc_mpi.fit run")
     try:
-        recorded = json.loads((path / "config.json").read_text())
+        recorded = read_json(path / "config.json")
         options = recorded["config"]
         config, steps, evals, _ = load_run(path)
+    except RunDataError as exc:
+        raise ProbeError(str(exc)) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise ProbeError(f"{path}: config.json or metrics.jsonl is not a run's ({exc})") from None
     if options.get("scheme") in PEER_SCHEMES:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..core.message import MessageRecord
 from .message_log import with_messages
-from .metrics import read_metrics
+from .metrics import read_json, read_metrics
 
 
 def read_steps(out_dir: Path) -> list[dict]:
@@ -59,9 +59,7 @@ class RunSummary:
 def load_run(run_dir: Path) -> tuple[dict, list[dict], list[dict], str]:
     """(config, per-step records with their per-message lists (from messages.bin), eval records, how it
     ended: run_status) of one run directory."""
-    import json
-
-    config = json.loads((Path(run_dir) / "config.json").read_text())
+    config = read_json(Path(run_dir) / "config.json")
     records = read_metrics(Path(run_dir) / "metrics.jsonl")
     steps = with_messages([r for r in records if "event" not in r], run_dir)
     return config, steps, [r for r in records if r.get("event") == "eval"], run_status(records)
@@ -94,19 +92,13 @@ def run_completed(run_dir: Path) -> bool:
     """Whether a run directory holds a finished run: its metrics end with a "completed" summary
     (a metrics file cut short by a crash mid-line is not one)."""
     path = Path(run_dir) / "metrics.jsonl"
-    try:
-        return path.is_file() and run_status(read_metrics(path)) == "completed"
-    except ValueError:  # a line cut short by a crash
-        return False
+    return path.is_file() and run_status(read_metrics(path)) == "completed"  # damaged lines: skipped
 
 
 def stopped_by_callback(run_dir: Path) -> int | None:
     """The steps of a run whose last summary says a callback stopped it (None: not such a run)."""
     path = Path(run_dir) / "metrics.jsonl"
-    try:
-        records = read_metrics(path) if path.is_file() else []
-    except ValueError:  # a line cut short by a crash
-        return None
+    records = read_metrics(path) if path.is_file() else []  # damaged lines: skipped
     summaries = [r for r in records if r.get("event") == "summary"]
     if summaries and summaries[-1].get("stopped_by") == "callback":
         return int(summaries[-1]["steps"])

@@ -4,14 +4,13 @@ the summary record, params.npy and the printed report at the end (close_outputs)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from ..config import TrainConfig
 from ..runs import run_folder
-from ..runs.metrics import MetricsWriter, Progress, json_line, write_json
+from ..runs.metrics import MetricsWriter, Progress, json_line, read_json, write_json
 from ..runs.results import read_steps
 from . import provenance
 
@@ -47,7 +46,7 @@ def open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
         run_folder.clear(out)
     recorded: dict = {}
     if not cfg.overwrite and resume is not None and (out / "config.json").is_file():
-        recorded = json.loads((out / "config.json").read_text())
+        recorded = read_json(out / "config.json")
         previous = recorded.get("provenance")
     changes = list(recorded.get("worker_changes", []))
     if resume is not None and resume.workers_before is not None:
