@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..errors import RunDataError
 from ..runs.results import curve, load_run, lost_detail_note
 
 # matplotlib is optional (the [plot] extra): pgc-plot refuses to start without it, pgc-bench skips
@@ -73,7 +74,17 @@ def draw(runs: list[Path], out: Path, target: float | None = None) -> list[Path]
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    loaded = [(d.name, *load_run(d)) for d in runs]
+    loaded, unreadable = [], []
+    for d in runs:
+        try:
+            loaded.append((d.name, *load_run(d)))
+        except RunDataError as exc:  # a damaged config.json: the other runs are still drawn
+            unreadable.append(str(exc))
+    if unreadable and not loaded:
+        more = f" (and {len(unreadable) - 1} more runs that cannot be read)" if len(unreadable) > 1 else ""
+        raise RunDataError(unreadable[0] + more)
+    for why in unreadable:
+        print(f"pgc-plot: skipping a run: {why}", file=sys.stderr)
     for name, _, steps, _, _ in loaded:
         note = lost_detail_note(name, steps)
         if note:
@@ -205,7 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print(f"pgc-plot: error: no metrics.jsonl in or below {', '.join(map(str, args.dirs))}", file=sys.stderr)
         return 2
-    for f in draw(runs, args.out or args.dirs[0]):
+    try:
+        files = draw(runs, args.out or args.dirs[0])
+    except RunDataError as exc:
+        print(f"pgc-plot: error: {exc}", file=sys.stderr)
+        return 2
+    for f in files:
         print(f)
     return 0
 

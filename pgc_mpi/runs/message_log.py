@@ -429,8 +429,8 @@ def with_messages(steps: list[dict[str, Any]], out_dir: Path) -> list[dict[str, 
         why = [d.describe() for d in damage] + \
             ([f"the blocks of {step_ranges(undecoded)} do not decode to their records"] if undecoded else [])
         why_text = "; damaged: " + ", ".join(why) if why else ("" if path.exists() else " (the file is missing)")
-        warnings.warn(f"{path}: the per-message detail of {len(lost)} steps is lost ({step_ranges(lost)}){why_text}",
-                      DetailLostWarning, stacklevel=2)
+        warnings.warn(f"{path}: the per-message detail of {_count(lost, 'step')} is lost ({step_ranges(lost)})"
+                      f"{why_text}", DetailLostWarning, stacklevel=2)
     return steps
 
 
@@ -446,12 +446,18 @@ def _decoded(block: Block, record: dict[str, Any]) -> dict[str, Any] | None:
     return lists
 
 
+def _count(items: list, noun: str) -> str:
+    """'1 step', '3 steps'."""
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
+
+
 def step_ranges(steps: list[int]) -> str:
-    """Steps as ranges: [3, 4, 5, 9] -> 'steps 3-5, 9'."""
+    """Steps as ranges: [3, 4, 5, 9] -> 'steps 3-5, 9'; [7] -> 'step 7'."""
     spans: list[list[int]] = []
     for step in sorted(steps):
         if spans and step == spans[-1][1] + 1:
             spans[-1][1] = step
         else:
             spans.append([step, step])
-    return "steps " + ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)
+    word = "step " if len(spans) == 1 and spans[0][0] == spans[0][1] else "steps "
+    return word + ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)

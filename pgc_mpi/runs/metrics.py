@@ -190,9 +190,12 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     records = [{k: v for k, v in record.items() if k != CRC_KEY} for _, record in intact]
     if damaged:
         missing = _missing_steps(records)
-        lost = f"steps {', '.join(map(str, missing))} are missing" if missing else "no step record is missing"
-        warnings.warn(f"{path}: {len(damaged)} damaged line(s) skipped (line {', '.join(map(str, damaged[:10]))}"
-                      f"{', ...' if len(damaged) > 10 else ''}): {lost}", DamagedLinesWarning, stacklevel=2)
+        from .message_log import step_ranges
+
+        lost = f"{step_ranges(missing)} missing" if missing else "no step record is missing"
+        lines = f"line{'s' if len(damaged) > 1 else ''} {', '.join(map(str, damaged[:10]))}"
+        warnings.warn(f"{path}: damaged, {lines}{', ...' if len(damaged) > 10 else ''} skipped: {lost}",
+                      DamagedLinesWarning, stacklevel=2)
     return records
 
 

@@ -124,7 +124,7 @@ def test_a_truncated_or_damaged_last_block_is_ignored(tmp_path):
     whole = path.read_bytes()
     path.write_bytes(whole[:-7])  # killed while writing the last block
     assert [b.step for _, b in blocks(path)] == [0, 1, 2, 3]
-    with pytest.warns(DetailLostWarning, match=r"detail of 1 steps is lost \(steps 4\); damaged: bytes"):
+    with pytest.warns(DetailLostWarning, match=r"detail of 1 step is lost \(step 4\); damaged: bytes"):
         got = read_steps(tmp_path)
     assert all("messages" in r and "detail_lost" not in r for r in got[:4])
     assert "messages" not in got[4] and got[4]["detail_lost"]  # its block is lost, not invented
