@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -53,19 +53,23 @@ __all__ = ["FORMAT_VERSION", "SPLITS", "TASKS", "DataFormatError", "atomic_h5", 
 # file in memory while it is written, and ~0.2 s more per 200 MB.
 _CORE_BLOCK = 4 << 20  # the in-memory image grows by this much at a time
 _WRITE_MAX = 1 << 30  # bytes per os.write call (Linux writes at most ~2 GiB per call)
+USERBLOCK = 512  # bytes of an HDF5 user block (atomic_h5's `userblock`): the smallest HDF5 allows
+_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # where an HDF5 superblock begins
 
 
 @contextmanager
-def atomic_h5(path: Path) -> Iterator[Any]:
+def atomic_h5(path: Path, userblock: Callable[[memoryview], bytes] | None = None) -> Iterator[Any]:
     """An h5py.File open for writing, built in memory; on success its image is written to a
     temporary name next to `path`, fsynced and renamed to `path`. On any error the temporary
     file is removed, so no partial file ever carries the final name, and a failed write (a full
-    disk...) is one WriteError naming `path`."""
+    disk...) is one WriteError naming `path`. `userblock`: a function of the HDF5 image returning
+    the USERBLOCK bytes written before it (HDF5's user block, which it skips; a checkpoint's digest)."""
     import h5py
 
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    f = h5py.File(tmp, "w", driver="core", backing_store=False, block_size=_CORE_BLOCK)
+    f = h5py.File(tmp, "w", driver="core", backing_store=False, block_size=_CORE_BLOCK,
+                  userblock_size=USERBLOCK if userblock else 0)
     try:
         yield f
         f.flush()
@@ -73,7 +77,13 @@ def atomic_h5(path: Path) -> Iterator[Any]:
     finally:
         f.close()
     try:
-        _write_durably(tmp, image)
+        head = b""
+        if userblock is not None:
+            image = _after_userblock(image)
+            head = userblock(image)
+            if len(head) != USERBLOCK:
+                raise ValueError(f"a user block of {len(head)} bytes, not {USERBLOCK}")
+        _write_durably(tmp, image, head)
         del image
         os.replace(tmp, path)
     except OSError as exc:
@@ -82,13 +92,26 @@ def atomic_h5(path: Path) -> Iterator[Any]:
         tmp.unlink(missing_ok=True)
 
 
-def _write_durably(path: Path, data: bytes) -> None:
-    """Write `data` as the whole of file `path` and fsync it."""
+def _after_userblock(image: bytes) -> memoryview:
+    """The HDF5 image of a file created with a user block, without it: HDF5 2.0's core driver
+    leaves the user block out of the image (its addresses are relative to the superblock) but is
+    not documented to; either way, what the user block goes before."""
+    view = memoryview(image)
+    if bytes(view[:8]) == _SIGNATURE:
+        return view
+    if bytes(view[USERBLOCK:USERBLOCK + 8]) == _SIGNATURE:
+        return view[USERBLOCK:]
+    raise ValueError("the HDF5 image has no superblock where a user block would end")
+
+
+def _write_durably(path: Path, data: bytes | memoryview, head: bytes = b"") -> None:
+    """Write `head` and `data` as the whole of file `path` and fsync it."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view[:_WRITE_MAX]):]
+        for part in (head, data):
+            view = memoryview(part)
+            while view:
+                view = view[os.write(fd, view[:_WRITE_MAX]):]
         os.fsync(fd)  # a full disk may only show here (delayed allocation, NFS)
     finally:
         os.close(fd)

@@ -22,12 +22,35 @@ warm-up at the resumed model (see CodedScheme.warmup_versions).
 Written to a temporary name, flushed, fsynced and renamed, so a crash mid-write never leaves a
 file under a checkpoint's name; the last `keep` checkpoints are kept. A checkpoint saved under a
 name (`best.h5`) is not a step checkpoint: never listed as one, never pruned.
+
+Integrity: every checkpoint begins with a 512-byte HDF5 user block (which HDF5 reserves for its
+users and skips) holding, as text, the SHA-256 and the length of the HDF5 file after it: every
+dataset (parameters, optimizer state, buffers...), every attribute and the HDF5 structure itself.
+Reading a checkpoint (`load`, `read_state_dict`, anything through `_opened`) verifies it first, on
+the file's plain bytes (`verify`), so a flipped bit anywhere, a file cut short or changed after it
+was written is refused before a number is used, and before HDF5 parses it: HDF5 can crash
+(SIGSEGV) on some damaged files. The cost: one more read of the file (SHA-256 runs at ~2 GB/s).
+Then the arrays are checked against the run (shapes, dtypes, finite values, optimizer settings in
+range). A file without the block (it begins with HDF5's own signature), written before digests
+were stored, is still accepted: it gets those checks only. A file beginning with neither is
+damaged. Every failure is one line: CheckpointError; for damage (unreadable, incomplete, a wrong
+digest, contents that do not fit together, whatever h5py raises reading it) its subclass
+DamagedCheckpointError. `load_resume` skips damage: `--resume latest` (and `auto`) continues from
+the newest *intact* checkpoint, warning which damaged ones it passed over (the resume then deletes
+them with the rest of the abandoned continuation, and the run's outputs are cut at the step of the
+checkpoint it resumes from), and fails in one line when none is intact. A checkpoint of another run
+(its identity differs) is an error, never skipped; a checkpoint named by its path is used or
+refused, never replaced by another. A file edited on purpose (h5py "r+") fails the digest until
+`seal` writes a new one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,14 +61,34 @@ import numpy as np
 import torch
 
 from ..errors import PgcError
-from ..learning.h5format import atomic_h5
+from ..learning.h5format import USERBLOCK, atomic_h5
 from .run_folder import checkpoint_name, checkpoint_step, list_checkpoints
 
 FORMAT = 1
+# The digest lives in the file's HDF5 user block, the first USERBLOCK bytes, which HDF5 reserves for
+# its users and skips: it can be checked on the file's plain bytes before HDF5 parses any of them.
+_MAGIC = b"pgc-mpi checkpoint v1\n"
+_BLOCK = re.compile(rb"pgc-mpi checkpoint v1\nsha256 ([0-9a-f]{64})\nbytes ([0-9]{1,20})\n\0*")
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # where a file without a user block (an older checkpoint) begins
+_HASH_BLOCK = 16 << 20  # bytes hashed at a time: memory stays bounded for any checkpoint
+# What h5py and NumPy raise reading a damaged file that has no digest (OSError from HDF5, KeyError
+# for a lost link, ValueError/UnicodeDecodeError for garbled attributes, TypeError for garbled
+# types, AttributeError for a name that now leads to a committed datatype...): one line each
+# (DamagedCheckpointError), never a traceback.
+_READ_ERRORS = (OSError, KeyError, ValueError, TypeError, AttributeError, RuntimeError, OverflowError,
+                MemoryError)
+
+log = logging.getLogger("pgc_mpi")
 
 
 class CheckpointError(PgcError):
     """A checkpoint that is missing, corrupt, or from another run shape."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint whose contents cannot be trusted: unreadable, incomplete, its digest wrong, or
+    its arrays inconsistent with one another. `load_resume` falls back past such a file to an
+    earlier one; a checkpoint of another run is a plain CheckpointError and never falls back."""
 
 
 @dataclass
@@ -116,7 +159,7 @@ def save(directory: Path, step: int, params: np.ndarray, optimizer: dict[str, An
         _check_layout(model_state[0], path)
     directory.mkdir(parents=True, exist_ok=True)
     state = optimizer
-    with atomic_h5(path) as f:
+    with atomic_h5(path, userblock=digest_block) as f:
         f.create_dataset("params", data=params)
         group = f.create_group("optimizer")
         for key, value in state["state"].get(0, {}).items():
@@ -177,7 +220,7 @@ def _check_layout(layout: Any, path: Path) -> list[dict[str, Any]]:
         and (e["kind"] == "buffer" or (isinstance(e.get("offset"), int) and e["offset"] >= 0))
         for e in layout)
     if not ok or len({e["name"] for e in layout}) != len(layout):
-        raise CheckpointError(f"{path}: its model layout (state_layout) is damaged; use another checkpoint")
+        raise DamagedCheckpointError(f"{path}: its model layout (state_layout) is damaged; use another checkpoint")
     return layout
 
 
@@ -192,6 +235,40 @@ def resolve(spec: str, directory: Path) -> Path:
     if not path.is_file():
         raise CheckpointError(f"--resume {spec}: no such checkpoint file")
     return path
+
+
+def load_resume(spec: str, directory: Path, identity: dict[str, Any],
+                encoding: np.ndarray | None = None) -> Checkpoint:
+    """The checkpoint a `--resume spec` run continues from (`load`).
+
+    `latest`: the newest intact checkpoint in `directory`. A damaged one (DamagedCheckpointError:
+    unreadable, incomplete, its digest wrong) is skipped for the one before it, with a warning
+    naming the damaged file(s) and the checkpoint resumed from; the caller must then cut the run's
+    outputs at the returned checkpoint's step (its `step`, not the newest file's). Anything else
+    (a checkpoint of another run: a CheckpointError) is raised as it is, as is damage when no
+    intact checkpoint is left. A path: that file only (a damaged one is an error, not replaced)."""
+    if spec != "latest":
+        return load(resolve(spec, directory), identity, encoding)
+    found = list_checkpoints(directory)
+    if not found:
+        raise CheckpointError(f"--resume latest: no checkpoint in {directory}")
+    damaged: list[Path] = []
+    for path in reversed(found):
+        try:
+            resumed = load(path, identity, encoding)
+        except DamagedCheckpointError as exc:
+            log.warning("resume: %s", " ".join(str(exc).split()))
+            damaged.append(path)
+            continue
+        if damaged:
+            log.warning("resume: resuming from %s (step %d), the newest intact checkpoint, instead of the damaged "
+                        "%s; the steps after %d are trained again, and the damaged file%s deleted with the rest "
+                        "of the abandoned continuation", path, resumed.step, ", ".join(p.name for p in damaged),
+                        resumed.step, " is" if len(damaged) == 1 else "s are")
+        return resumed
+    raise DamagedCheckpointError(f"--resume latest: every checkpoint in {directory} is damaged "
+                                 f"({', '.join(p.name for p in damaged)}), none is left to resume from; start the run "
+                                 f"afresh (--overwrite) or restore a checkpoint from a copy")
 
 
 def load(path: Path, identity: dict[str, Any], encoding: np.ndarray | None = None) -> Checkpoint:
@@ -221,7 +298,7 @@ def load(path: Path, identity: dict[str, Any], encoding: np.ndarray | None = Non
                 raise CheckpointError(f"{path}: its encoding matrix differs from this run's (other seed?)")
             found = _read_checked(f, Path(path), identity)
         except KeyError as exc:
-            raise CheckpointError(f"{path}: incomplete checkpoint (missing {exc}); use an earlier one") from None
+            raise DamagedCheckpointError(f"{path}: incomplete checkpoint (missing {exc}); use an earlier one") from None
     if elastic:
         found.workers_before, found.table_grads, found.table_versions = int(theirs_n), None, None
     return found
@@ -238,7 +315,7 @@ def _read_checked(f, path: Path, identity: dict[str, Any]) -> Checkpoint:
     groups = _param_groups(f.attrs["param_groups"], path)
     step = f.attrs["step"]
     if not isinstance(step, (int, np.integer)) or step < 0:
-        raise CheckpointError(f"{path}: its step attribute {step!r} is not a non-negative integer; "
+        raise DamagedCheckpointError(f"{path}: its step attribute {step!r} is not a non-negative integer; "
                               f"use another checkpoint")
     table = "table" in f
     n = identity.get("n")
@@ -269,14 +346,14 @@ def _read_model_state(f, path: Path, dim: int) -> tuple[list[dict[str, Any]], di
             break
         end += size
     if end != dim or len({offset for offset, _ in spans}) != len(spans):
-        raise CheckpointError(f"{path}: its model layout does not fit its {dim} parameters; the checkpoint is "
+        raise DamagedCheckpointError(f"{path}: its model layout does not fit its {dim} parameters; the checkpoint is "
                               f"damaged; use another one")
     buffers = {}
     for e in layout:
         if e["kind"] == "buffer":
             key = f"buffers/{_h5_key(e['name'])}"
             if key not in f:
-                raise CheckpointError(f"{path}: incomplete checkpoint (missing buffer {e['name']!r}); "
+                raise DamagedCheckpointError(f"{path}: incomplete checkpoint (missing buffer {e['name']!r}); "
                                       f"use another one")
             buffers[e["name"]] = _array(f, key, path, tuple(e["shape"]), _numpy_dtype(e["dtype"], path))
     return layout, buffers
@@ -287,7 +364,7 @@ def _numpy_dtype(name: str, path: Path) -> str:
     try:
         return str(torch.empty(0, dtype=getattr(torch, name)).numpy().dtype)
     except (TypeError, RuntimeError):
-        raise CheckpointError(f"{path}: its model layout names dtype {name!r}, which a checkpoint cannot "
+        raise DamagedCheckpointError(f"{path}: its model layout names dtype {name!r}, which a checkpoint cannot "
                               f"hold; the checkpoint is damaged") from None
 
 
@@ -298,7 +375,7 @@ def _read_blobs(f, path: Path) -> dict[str, bytes]:
     blobs = {}
     for key, data in f["blobs"].items():
         if not hasattr(data, "dtype") or data.dtype != np.uint8 or data.ndim != 1:
-            raise CheckpointError(f"{path}: blob {key!r} is not a byte string; the checkpoint is damaged")
+            raise DamagedCheckpointError(f"{path}: blob {key!r} is not a byte string; the checkpoint is damaged")
         blobs[key.replace("%2F", "/").replace("%25", "%")] = data[...].tobytes()
     return blobs
 
@@ -319,11 +396,12 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
                                       f"or a checkpoint written before layouts were stored): no state_dict to "
                                       f"rebuild")
             if f["params"].ndim != 1:
-                raise CheckpointError(f"{path}: params is not a vector; the checkpoint is damaged")
+                raise DamagedCheckpointError(f"{path}: params is not a vector; the checkpoint is damaged")
             params = _array(f, "params", path, None, None)
             layout, buffers = _read_model_state(f, path, len(params))
         except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: incomplete or damaged checkpoint ({exc}); use another one") from None
+            raise DamagedCheckpointError(f"{path}: incomplete or damaged checkpoint ({_first_line(exc)}); "
+                                         f"use another one") from None
     try:
         return assemble_state_dict(layout, params, buffers)
     except ValueError as exc:
@@ -332,34 +410,111 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 @contextmanager
 def _opened(path: Path) -> Iterator[Any]:
-    """The checkpoint file open for reading, its format checked (CheckpointError: one line)."""
+    """The checkpoint file open for reading, its digest verified first (when it has one: see
+    `verify`) and its format checked, before the caller reads anything. Whatever reading the file
+    raises, here or in the caller's block, is one line: CheckpointError, DamagedCheckpointError
+    for h5py's and NumPy's errors on a damaged file."""
     import h5py
 
+    verify(path)  # before HDF5 parses a byte: a damaged file can crash the HDF5 library itself
     try:
         f = h5py.File(path, "r")
     except OSError as exc:
-        raise CheckpointError(f"{path}: not a readable checkpoint ({str(exc).splitlines()[0]})") from None
-    with f:
-        found = f.attrs.get("format")
-        if found is None or int(found) != FORMAT:
-            raise CheckpointError(f"{path}: checkpoint format {found} is not {FORMAT}; the file is damaged or of "
-                                  f"another version")
-        yield f
+        raise DamagedCheckpointError(f"{path}: not a readable checkpoint ({_first_line(exc)}); the file is "
+                                     f"damaged or not a checkpoint; use an earlier one") from None
+    try:
+        with f:
+            found = f.attrs.get("format")
+            if found is None or int(found) != FORMAT:
+                raise DamagedCheckpointError(f"{path}: checkpoint format {found} is not {FORMAT}; the file is damaged "
+                                             f"or of another version")
+            yield f
+    except CheckpointError:
+        raise
+    except _READ_ERRORS as exc:
+        raise DamagedCheckpointError(f"{path}: the checkpoint is damaged ({type(exc).__name__}: {_first_line(exc)} "
+                                     f"reading it); use an earlier one") from None
+
+
+def digest_block(image: bytes | memoryview) -> bytes:
+    """The user block written before a checkpoint's HDF5 image: the SHA-256 and the length of the
+    image, as text, zero-padded to USERBLOCK bytes (HDF5 skips it, `head -c 512` shows it)."""
+    text = _MAGIC + f"sha256 {hashlib.sha256(image).hexdigest()}\nbytes {len(image)}\n".encode()
+    return text.ljust(USERBLOCK, b"\0")
+
+
+def verify(path: Path) -> bool:
+    """Check a checkpoint's bytes against the digest in its user block, reading the file as plain
+    bytes (HDF5 never sees a damaged file). True when verified; False for a file written before
+    digests were stored (it begins with HDF5's signature itself), which is accepted as it is.
+    DamagedCheckpointError for a file cut short, changed, or beginning with neither."""
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(USERBLOCK)
+            if head.startswith(_HDF5_SIGNATURE):
+                return False  # written before digests: the structural checks of `load` only
+            if not head.startswith(_MAGIC):
+                raise DamagedCheckpointError(f"{path}: not a readable checkpoint (it begins with neither a pgc-mpi "
+                                             f"checkpoint's digest block nor HDF5's signature); the file is damaged "
+                                             f"or not a checkpoint; use an earlier one")
+            if len(head) < USERBLOCK:
+                raise DamagedCheckpointError(f"{path}: damaged or incomplete checkpoint (cut short: {len(head)} "
+                                             f"bytes); use an earlier one")
+            match = _BLOCK.fullmatch(head)
+            if match is None:
+                raise DamagedCheckpointError(f"{path}: the checkpoint is damaged (its digest block is garbled); use "
+                                             f"an earlier one")
+            want, length = match.group(1).decode(), int(match.group(2))
+            h, read = hashlib.sha256(), 0
+            while chunk := fh.read(_HASH_BLOCK):
+                h.update(chunk)
+                read += len(chunk)
+    except OSError as exc:
+        raise DamagedCheckpointError(f"{path}: not a readable checkpoint ({_first_line(exc)}); use an earlier "
+                                     f"one") from None
+    if read != length:
+        raise DamagedCheckpointError(f"{path}: damaged or incomplete checkpoint ({read} bytes after its digest block, "
+                                     f"{length} written: cut short or appended to); use an earlier one")
+    if h.hexdigest() != want:
+        raise DamagedCheckpointError(f"{path}: damaged or incomplete checkpoint (its bytes do not match the digest "
+                                     f"written with it: a flipped bit, a bad copy, or a change after it was "
+                                     f"written); use an earlier checkpoint")
+    return True
+
+
+def seal(path: Path) -> Path:
+    """Write a fresh digest block for checkpoint `path` as it now is: for a file changed on purpose
+    (tests of the structural checks edit one with h5py), never for one that failed `verify` by
+    accident. Not atomic: the file is rewritten in place."""
+    path = Path(path)
+    data = path.read_bytes()
+    image = memoryview(data)[USERBLOCK:] if data.startswith(_MAGIC) else memoryview(data)
+    with path.open("wb") as fh:
+        fh.write(digest_block(image))
+        fh.write(image)
+    return path
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message on one line (h5py's can span several)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _array(f, name: str, path: Path, shape: tuple | None, dtype: str | None) -> np.ndarray:
     """Dataset `name`, refused unless it has this shape (None: any) and dtype (None: any float) and is finite."""
     data = f[name]
     if shape is not None and tuple(data.shape) != tuple(shape):
-        raise CheckpointError(f"{path}: {name} has shape {tuple(data.shape)}, this run needs {tuple(shape)}; "
+        raise DamagedCheckpointError(f"{path}: {name} has shape {tuple(data.shape)}, this run needs {tuple(shape)}; "
                               f"the checkpoint is damaged or from another run")
     want = np.dtype(dtype) if dtype is not None else None
     if (want is not None and data.dtype != want) or (want is None and data.dtype.kind != "f"):
-        raise CheckpointError(f"{path}: {name} is {data.dtype}, this run needs {want or 'floats'}; "
+        raise DamagedCheckpointError(f"{path}: {name} is {data.dtype}, this run needs {want or 'floats'}; "
                               f"the checkpoint is damaged or from another run")
     values = data[...]
     if values.dtype.kind == "f" and not np.isfinite(values).all():
-        raise CheckpointError(f"{path}: {name} contains NaN or Inf; resume from an earlier checkpoint")
+        raise DamagedCheckpointError(f"{path}: {name} contains NaN or Inf; resume from an earlier checkpoint")
     return values
 
 
@@ -376,6 +531,6 @@ def _param_groups(text: Any, path: Path) -> list[dict[str, Any]]:
         ok = ok and all(isinstance(v, (int, float)) and math.isfinite(v) for v in (lr, momentum)) and lr > 0 and \
             0 <= momentum < 1
     if not ok:
-        raise CheckpointError(f"{path}: its optimizer settings (param_groups) are damaged or out of range; "
+        raise DamagedCheckpointError(f"{path}: its optimizer settings (param_groups) are damaged or out of range; "
                               f"use another checkpoint")
     return groups

@@ -118,9 +118,12 @@ def _prepare(cfg: TrainConfig, workers: int, plan: DevicePlan, parts, recipe: Re
 
         run_folder.check_same_data(cfg, problem)  # other data than the run's: refused unless resume_other_data
         scheme = cfg.make_scheme(workers)
-        path = checkpoint.resolve(cfg.resume, Path(cfg.out) / "checkpoints")
         encoding = scheme.encoding_matrix() if scheme.kind == "coded" else None
-        resume = checkpoint.load(path, _identity(cfg, scheme, problem.dim), encoding)
+        # latest: the newest intact checkpoint (damaged newer ones are skipped with a warning); the
+        # outputs are then cut at resume.step, that checkpoint's step
+        resume = checkpoint.load_resume(cfg.resume, Path(cfg.out) / "checkpoints", _identity(cfg, scheme, problem.dim),
+                                        encoding)
+        path = resume.path
         if resume.step >= cfg.steps:
             raise ConfigError(f"--resume {path}: the checkpoint is at step {resume.step}, not before --steps "
                               f"{cfg.steps}: raise --steps to train further")

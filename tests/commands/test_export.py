@@ -190,6 +190,12 @@ def test_every_bad_input_is_one_line_and_exit_status_2(tmp_path, capsys):
     for argv, message in cases:
         assert main(argv) == 2, argv
         assert message in one_error(capsys), argv
+    flipped = run / "checkpoints" / "ckpt-00000010.h5"
+    data = bytearray(flipped.read_bytes())
+    data[-100] ^= 0x01  # one bit, refused by the checkpoint's digest
+    flipped.write_bytes(bytes(data))
+    assert main([str(run), "--checkpoint", "10", "--out", out]) == 2
+    assert "damaged or incomplete checkpoint (its bytes do not match the digest" in one_error(capsys)
     (run / "checkpoints" / "ckpt-00000020.h5").write_bytes(b"cut short")
     assert main([str(run), "--out", out]) == 2
     assert "not a readable checkpoint" in one_error(capsys)

@@ -73,7 +73,7 @@ def test_mismatch_and_corruption_are_clear_errors(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint in"):
         checkpoint.resolve("latest", tmp_path / "empty")
     path.write_bytes(path.read_bytes()[:300])
-    with pytest.raises(checkpoint.CheckpointError, match="not a readable checkpoint"):
+    with pytest.raises(checkpoint.CheckpointError, match="incomplete checkpoint \\(cut short"):
         checkpoint.load(path, IDENTITY)
 
 
@@ -95,7 +95,7 @@ def test_metrics_resume_keeps_only_earlier_steps(tmp_path):
     assert [r["step"] for r in recs if r.get("event") == "eval"] == [1, 3]
     assert not any(r.get("event") == "summary" for r in recs)
     first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
-    assert first == {"step": 0, "time": recs[0]["time"]}  # kept as written, its time included
+    assert first == {"step": 0, "time": recs[0]["time"], "crc32": first["crc32"]}  # kept, its time and CRC included
     assert torch.get_rng_state().numel() > 0
 
 
@@ -132,6 +132,7 @@ def test_a_damaged_model_state_is_one_line(tmp_path):
     path = _save(tmp_path, model_state=(LAYOUT, BUFFERS))
     with h5py.File(path, "r+") as f:
         del f["buffers/bn.running_mean"]
+    checkpoint.seal(path)  # each edit sealed: past the digest, to the checks of the layout
     with pytest.raises(checkpoint.CheckpointError, match="missing buffer 'bn.running_mean'") as exc:
         checkpoint.load(path, IDENTITY)
     assert "\n" not in str(exc.value)
@@ -140,6 +141,7 @@ def test_a_damaged_model_state_is_one_line(tmp_path):
         path = _save(tmp_path, model_state=(LAYOUT, BUFFERS))
         with h5py.File(path, "r+") as f:
             f.attrs["state_layout"] = bad
+        checkpoint.seal(path)
         for read in (lambda p: checkpoint.load(p, IDENTITY), checkpoint.read_state_dict):
             with pytest.raises(checkpoint.CheckpointError, match="model layout") as exc:
                 read(path)
@@ -147,6 +149,7 @@ def test_a_damaged_model_state_is_one_line(tmp_path):
     with h5py.File(path, "r+") as f:
         f.create_dataset("blobs/x", data=np.zeros(3))
         f.attrs["state_layout"] = json.dumps(LAYOUT)
+    checkpoint.seal(path)
     with pytest.raises(checkpoint.CheckpointError, match="blob 'x' is not a byte string"):
         checkpoint.load(path, IDENTITY)
 
@@ -191,3 +194,137 @@ def test_a_tied_parameter_is_one_tensor_under_each_name(tmp_path):
             {"name": "dec.weight", "kind": "param", "shape": [5], "dtype": "float64", "offset": 0}]
     state = checkpoint.read_state_dict(_save(tmp_path, model_state=(tied, {})))
     assert state["enc.weight"] is state["dec.weight"] and state["dec.weight"].tolist() == [0, 1, 2, 3, 4]
+
+
+# Integrity: the digest in the user block, damage refused in one line, the resume falling back past it.
+def _same(a: checkpoint.Checkpoint, b: checkpoint.Checkpoint) -> bool:
+    """Whether two loaded checkpoints hold exactly the same numbers (bit for bit, dtypes included)."""
+    def equal(x, y):
+        x, y = np.asarray(x), np.asarray(y)
+        return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+    sa, sb = a.optimizer["state"].get(0, {}), b.optimizer["state"].get(0, {})
+    return (a.step == b.step and equal(a.params, b.params) and sa.keys() == sb.keys()
+            and all(equal(sa[k].numpy(), sb[k].numpy()) for k in sa)
+            and a.optimizer["param_groups"] == b.optimizer["param_groups"] and equal(a.rng.numpy(), b.rng.numpy())
+            and a.blobs == b.blobs and a.model_state[0] == b.model_state[0]
+            and all(equal(a.model_state[1][k], b.model_state[1][k]) for k in b.model_state[1]))
+
+
+def test_damaged_bytes_never_load_other_numbers(tmp_path):
+    """Seeded fuzz: a byte changed at 300 places spread over the file (user block, HDF5 structure,
+    attributes, every array), and the file cut at 12 places: each load returns exactly the saved
+    numbers or raises CheckpointError in one line; never another exception, never other numbers."""
+    import random
+
+    w = np.linspace(-1, 1, 5)
+    opt = FlatOptimizer(w, "adam", 0.1)
+    opt.grad[:] = 0.25
+    opt.step()
+    path = checkpoint.save(tmp_path, 7, w, opt.opt.state_dict(), IDENTITY, {"lr": 0.1},
+                           model_state=(LAYOUT, BUFFERS), blobs={"x": b"abc"})
+    original, reference = path.read_bytes(), checkpoint.load(path, IDENTITY)
+    rng = random.Random(45)
+    spread = [rng.randrange(k * len(original) // 300, (k + 1) * len(original) // 300) for k in range(300)]
+    damaged = tmp_path / "damaged.h5"
+    cases = [(f"byte {at}", bytes(original[:at]) + bytes([original[at] ^ rng.randrange(1, 256)])
+              + original[at + 1:]) for at in spread]
+    cases += [(f"cut at {at}", original[:at]) for at in (0, 1, 8, 100, 511, 512, 513, 520, 1024,
+                                                          len(original) // 2, len(original) - 512, len(original) - 1)]
+    refused = 0
+    for what, data in cases:
+        damaged.write_bytes(data)
+        try:
+            found = checkpoint.load(damaged, IDENTITY)
+        except checkpoint.CheckpointError as exc:
+            assert "\n" not in str(exc) and str(damaged) in str(exc), what
+            refused += 1
+            continue
+        assert _same(found, reference), f"{what}: loaded other numbers"
+    assert refused == len(cases)  # the digest covers every byte after the user block, and the block itself
+
+
+def test_a_checkpoint_without_a_digest_is_still_accepted(tmp_path):
+    """A file written before digests were stored (plain HDF5, no user block) loads as before, with
+    the checks of its arrays; and sealing it gives it a digest."""
+    path = _save(tmp_path, model_state=(LAYOUT, BUFFERS))
+    assert checkpoint.verify(path) is True and path.read_bytes().startswith(b"pgc-mpi checkpoint v1\n")
+    old = tmp_path / "old.h5"
+    old.write_bytes(path.read_bytes()[checkpoint.USERBLOCK:])  # what an older pgc-mpi wrote
+    assert checkpoint.verify(old) is False
+    assert _same(checkpoint.load(old, IDENTITY), checkpoint.load(path, IDENTITY))
+    assert list(checkpoint.read_state_dict(old)) == [e["name"] for e in LAYOUT]
+    assert checkpoint.verify(checkpoint.seal(old)) is True and old.read_bytes() == path.read_bytes()
+
+
+def test_a_checkpoint_changed_after_it_was_written_is_refused_in_one_line(tmp_path):
+    """An edit (h5py "r+"), a flipped bit in params, or what h5py raises on a structure no checkpoint
+    has: DamagedCheckpointError, one line naming the file, from load and read_state_dict alike."""
+    import h5py
+
+    path = _save(tmp_path, model_state=(LAYOUT, BUFFERS))
+    with h5py.File(path, "r+") as f:
+        f.attrs["step"] = 4
+    for read in (lambda p: checkpoint.load(p, IDENTITY), checkpoint.read_state_dict):
+        with pytest.raises(checkpoint.DamagedCheckpointError, match="do not match the digest") as exc:
+            read(path)
+        assert "\n" not in str(exc.value) and str(path) in str(exc.value)
+    with h5py.File(path, "r+") as f:  # params made a committed datatype: h5py raises AttributeError reading it
+        del f["params"]
+        f["params"] = np.dtype("float64")
+    checkpoint.seal(path)
+    with pytest.raises(checkpoint.DamagedCheckpointError, match="the checkpoint is damaged \\(AttributeError") as exc:
+        checkpoint.load(path, IDENTITY)
+    assert "\n" not in str(exc.value)
+
+
+def _damage(path):
+    """Flip one byte in the middle of a checkpoint (inside its HDF5 image)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_resume_latest_falls_back_past_damaged_checkpoints_and_says_so(tmp_path, caplog):
+    """--resume latest: the newest intact checkpoint, with a warning naming the damaged ones and the
+    one resumed from (whose step the run's outputs are cut at); a path is that file only; a
+    checkpoint of another run is an error, never skipped; none intact: one line saying so."""
+    import logging
+
+    paths = [_save(tmp_path, step=step, keep=4) for step in (10, 20, 30)]
+    _damage(paths[2])
+    with caplog.at_level(logging.WARNING, logger="pgc_mpi"):
+        resumed = checkpoint.load_resume("latest", tmp_path, IDENTITY)
+    assert resumed.step == 20 and resumed.path == paths[1]
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert f"{paths[2]}: damaged or incomplete checkpoint" in warned
+    assert f"resuming from {paths[1]} (step 20), the newest intact checkpoint, instead of the damaged " \
+           f"ckpt-00000030.h5" in warned
+    with pytest.raises(checkpoint.DamagedCheckpointError, match="do not match the digest"):  # named: no fallback
+        checkpoint.load_resume(str(paths[2]), tmp_path, IDENTITY)
+    assert checkpoint.load_resume(str(paths[0]), tmp_path, IDENTITY).step == 10
+    paths[1].write_bytes(paths[1].read_bytes()[:1000])  # cut short too: back to step 10
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pgc_mpi"):
+        assert checkpoint.load_resume("latest", tmp_path, IDENTITY).step == 10
+    assert "instead of the damaged ckpt-00000030.h5, ckpt-00000020.h5; the steps after 10" in caplog.text
+    with pytest.raises(checkpoint.CheckpointError, match="for s = 1, this run has 2") as exc:
+        checkpoint.load_resume("latest", tmp_path, {**IDENTITY, "s": 2})  # damage skipped, another run is not
+    assert not isinstance(exc.value, checkpoint.DamagedCheckpointError)
+    _damage(paths[0])
+    with pytest.raises(checkpoint.DamagedCheckpointError) as exc:
+        checkpoint.load_resume("latest", tmp_path, IDENTITY)
+    assert str(exc.value) == (f"--resume latest: every checkpoint in {tmp_path} is damaged (ckpt-00000030.h5, "
+                              f"ckpt-00000020.h5, ckpt-00000010.h5), none is left to resume from; start the run "
+                              f"afresh (--overwrite) or restore a checkpoint from a copy")
+
+
+def test_another_run_s_newest_checkpoint_is_not_skipped(tmp_path):
+    """Only damage falls back: an intact newest checkpoint of another run shape is the error."""
+    _save(tmp_path, step=10)
+    w = np.arange(5, dtype=np.float64)
+    checkpoint.save(tmp_path, 20, w, FlatOptimizer(w).opt.state_dict(), {**IDENTITY, "s": 2}, {})
+    with pytest.raises(checkpoint.CheckpointError, match="ckpt-00000020.h5: the checkpoint is for s = 2, this run "
+                                                         "has 1") as exc:
+        checkpoint.load_resume("latest", tmp_path, IDENTITY)
+    assert not isinstance(exc.value, checkpoint.DamagedCheckpointError)

@@ -33,6 +33,8 @@ def test_a_reused_out_is_refused_and_overwrite_replaces_the_run(tmp_path):
 
 
 def test_resume_auto_continues_a_killed_run_with_every_step_once(tmp_path):
+    """... also when the newest checkpoint is damaged: the resume falls back to the one before,
+    says so, and cuts metrics.jsonl at that checkpoint's step, not the newest one's."""
     out = tmp_path / "run"
     proc = start_train(4, [*ARGS, "--resume", "auto"], out, wait=60)  # nothing there yet: a fresh start
     until = time.monotonic() + 90
@@ -42,16 +44,24 @@ def test_resume_auto_continues_a_killed_run_with_every_step_once(tmp_path):
     subprocess.run(["pkill", "-9", "-f", "--", f"--out {out}"], check=False)  # its ranks too
     proc.wait(timeout=30)
     written = [r["step"] for r in steps_of(out)]
-    assert len(list((out / "checkpoints").glob("ckpt-*.h5"))) >= 2 and not events_of(out, "summary")
+    found = sorted((out / "checkpoints").glob("ckpt-*.h5"))
+    assert len(found) >= 2 and not events_of(out, "summary")
+    newest, previous = found[-1], found[-2]
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped bit: the digest refuses it
+    newest.write_bytes(bytes(data))
     proc = run_train(4, [*ARGS, "--resume", "auto", "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"{newest}: damaged or incomplete checkpoint" in proc.stderr
+    assert f"resuming from {previous} (step {int(previous.stem[5:])}), the newest intact" in proc.stderr
     assert f"taking over the lock of {out} left by pgc-train" in proc.stderr  # its rank 0 was killed
     assert not (out / "run.lock").exists()
     steps = [r["step"] for r in steps_of(out)]
     assert steps == list(range(40)), (written, steps)
     assert [r["status"] for r in events_of(out, "summary")] == ["completed"]
     config = json.loads((out / "config.json").read_text())
-    assert config["resumed_from_step"] >= 20 and len(config["provenance"]["earlier_starts"]) == 1
+    assert config["resumed_from_step"] == int(previous.stem[5:]) >= 10
+    assert len(config["provenance"]["earlier_starts"]) == 1
     again = run_train(4, [*ARGS, "--resume", "auto", "--seed", "9", "--out", str(out)])
     assert again.returncode == 2 and "describes another run: seed 0 (this run: 9)" in again.stderr
 
