@@ -29,7 +29,7 @@ import numpy as np
 from abandon_late import add_problem_options, fresh_floor
 
 from pgc_mpi.config import SimConfig
-from pgc_mpi.core.drop_compute import DROPS_COMPUTE
+from pgc_mpi.core.traits import schemes_with
 from pgc_mpi.learning.models import load_problem
 from pgc_mpi.runs.results import read_steps, run_completed
 from pgc_mpi.runs.stats import Interval, interval
@@ -50,7 +50,7 @@ def _variant(args: argparse.Namespace, scheme: str, changed: bool) -> dict:
     """The settings of a run: as they are, or changed (--abandon-late; dgd: --drop-compute)."""
     if not changed:
         return {}
-    return {"drop_compute": args.drop_compute} if scheme in DROPS_COMPUTE else {"abandon_late": True}
+    return {"drop_compute": args.drop_compute} if scheme in schemes_with("drops_compute") else {"abandon_late": True}
 
 
 def mpi_run(args: argparse.Namespace, out: Path, scheme: str, s: int, delay: str, seed: int,
@@ -95,7 +95,7 @@ def _fmt(i: Interval, digits: int = 3) -> str:
 def row(args: argparse.Namespace, delay: str, scheme: str, s: int) -> str:
     """One table row (markdown); progress on stderr."""
     got: dict[tuple[str, bool], list[tuple[float, float]]] = {}
-    drops = scheme in DROPS_COMPUTE
+    drops = scheme in schemes_with("drops_compute")
     modes = (False, True) if not drops or args.drop_compute else (False,)
     for abandon in modes:
         for where in ("mpi", "sim"):

@@ -1,5 +1,5 @@
-"""The names configurations accept (models, dtypes, optimizers, data sets, deadline policies, peer schemes),
-free to import."""
+"""The names configurations accept (models, dtypes, optimizers, data sets, deadline policies), free to
+import. The schemes and their traits: pgc_mpi.core.traits."""
 
 from __future__ import annotations
 
@@ -11,6 +11,3 @@ AUTOCAST = ("none", "bf16", "fp16")  # --autocast: the workers' forward and back
 BUILTIN_DATASETS = ("digits",)
 DEADLINE_POLICIES = ("wait", "partial", "fail")
 DEVICE_CHOICES = ("cpu", "cuda", "auto")  # --device and --master-device (pgc_mpi.runtime.devices)
-# Schemes pgc-train runs without the parameter server (pgc_mpi.runtime.ddp); not simulated, so not in
-# pgc_mpi.core.schemes.SCHEME_NAMES (the simulator iterates those).
-PEER_SCHEMES = ("ddp",)

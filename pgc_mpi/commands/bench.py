@@ -45,9 +45,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ..choices import BUILTIN_DATASETS, PEER_SCHEMES
+from ..choices import BUILTIN_DATASETS
 from ..config import TrainConfig, tomllib
-from ..core.schemes import SCHEME_NAMES
+from ..core.traits import PEER_SCHEMES, SCHEME_NAMES, schemes_with
 from ..errors import ConfigError, PgcError
 from ..learning.plugins import is_spec
 from ..runs import run_lock
@@ -116,7 +116,8 @@ def run_options(exp: dict[str, Any], key: RunKey) -> dict[str, Any]:
     """The pgc-train options of one run."""
     options = {**exp["train"], **exp.get("per_scheme", {}).get(key.scheme, {}), "scheme": key.scheme,
                "stragglers": key.s, "seed": key.seed, "delay": exp["delays"][key.delay]}
-    if key.scheme.startswith("is-gc-") and exp["is_gc_c"] is not None:
+    # is_gc_c: the c of the schemes that take one, but pbs (whose c is its window)
+    if key.scheme in set(schemes_with("sets_c")) - set(schemes_with("table")) and exp["is_gc_c"] is not None:
         options["c"] = exp["is_gc_c"]
     return options
 

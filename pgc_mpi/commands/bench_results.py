@@ -10,13 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..choices import PEER_SCHEMES
 from ..config import TrainConfig
-from ..core.schemes import IGNORES_S
+from ..core.traits import S_FREE
 from ..runs.results import PAPER_RUN, RunSummary, lost_detail_note, read_steps, run_completed, summarize_run
 from ..runs.stats import Interval, interval
-
-S_FREE = (*IGNORES_S, *PEER_SCHEMES)  # schemes that do not depend on s: one run per seed and delay model
 
 
 class RunKey(NamedTuple):

@@ -10,12 +10,13 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..choices import DEADLINE_POLICIES, LR_SCHEDULES, MODELS, OPTIMIZERS, PEER_SCHEMES
+from ..choices import DEADLINE_POLICIES, LR_SCHEDULES, MODELS, OPTIMIZERS
 from ..core.abandon import abandons
-from ..core.drop_compute import AUTO, DROPS_COMPUTE
-from ..core.schemes import FR_DECODE_RULES, ON_STALE, SCHEME_NAMES, CodedScheme, PbsScheme, make_scheme
+from ..core.drop_compute import AUTO
+from ..core.schemes import FR_DECODE_RULES, ON_STALE, CodedScheme, PbsScheme, make_scheme
 from ..core.stragglers import USAGE as DELAY_USAGE
 from ..core.stragglers import DelayModel
+from ..core.traits import PEER_SCHEMES, SCHEME_NAMES, schemes_with
 from ..core.wire import WIRE_DTYPES
 from ..errors import ConfigError
 from ..learning.plugins import is_spec
@@ -129,7 +130,7 @@ class CoreConfig:
             raise ConfigError(f"--abandon-late must be true or false, got {self.abandon_late!r}")
         if not isinstance(self.adapt, bool):
             raise ConfigError(f"--adapt must be true or false, got {self.adapt!r}")
-        if self.adapt and self.scheme != "pbs":
+        if self.adapt and self.scheme not in schemes_with("table"):
             raise ConfigError(f"--adapt applies only to pbs (its diagnostics drive it), not {self.scheme}")
         # numpy's seeded generators (partitions, minibatches, delays) reject negative seeds, torch's
         # seeds and the checkpoints' int64 attributes stop at 2**63 - 1
@@ -184,8 +185,10 @@ class CoreConfig:
                                               and self.drop_compute > 0):
             raise ConfigError(f"--drop-compute must be a number of seconds > 0, or {AUTO} (chosen from the first "
                               f"steps' jobs), got {self.drop_compute!r}")
-        if self.scheme not in DROPS_COMPUTE:
-            raise ConfigError(f"--drop-compute applies to dgd and ddp (DropCompute shortens the jobs they wait for), "
+        droppers = schemes_with("drops_compute")
+        if self.scheme not in droppers:
+            raise ConfigError(f"--drop-compute applies to {' and '.join(droppers)} (DropCompute shortens the jobs "
+                              f"they wait for), "
                               f"not {self.scheme}: its stragglers are skipped already; --abandon-late drops their "
                               f"decided jobs")
         if self.accumulate < 2:

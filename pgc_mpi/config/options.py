@@ -11,10 +11,10 @@ from dataclasses import Field, fields
 from pathlib import Path
 from typing import Any
 
-from ..choices import AUTOCAST, BUILTIN_DATASETS, DTYPE_NAMES, LR_SCHEDULES, MODELS, OPTIMIZERS, PEER_SCHEMES
+from ..choices import AUTOCAST, BUILTIN_DATASETS, DTYPE_NAMES, LR_SCHEDULES, MODELS, OPTIMIZERS
 from ..core.faults import KINDS as FAULT_KINDS
-from ..core.schemes import SCHEME_NAMES
 from ..core.stragglers import USAGE as DELAY_USAGE
+from ..core.traits import PEER_SCHEMES, SCHEME_NAMES
 from ..core.wire import WIRE_DTYPES
 from ..learning.problems import PROBLEMS
 from .core import CORE_FIELDS, CoreConfig

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..choices import PEER_SCHEMES
+from ..core.traits import PEER_SCHEMES
 from ..errors import PgcError
 from .train import TrainConfig
 

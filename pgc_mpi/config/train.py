@@ -17,9 +17,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ..choices import AUTOCAST, DEVICE_CHOICES, DTYPE_NAMES, PEER_SCHEMES
+from ..choices import AUTOCAST, DEVICE_CHOICES, DTYPE_NAMES
 from ..core.faults import parse_faults
-from ..core.schemes import SCHEME_NAMES
+from ..core.traits import PEER_SCHEMES, SCHEME_NAMES
 from ..errors import ConfigError
 from ..learning.plugins import is_spec
 from ..learning.problems import PROBLEMS

@@ -27,21 +27,21 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .schemes import staleness
+from .traits import traits
 
 if TYPE_CHECKING:
     from .schemes import CodedScheme
 
-# dgd (and ddp, its all-reduce twin) decides a step only with every worker's message, so none is
-# ever moot; pbs's table takes a late gradient if it is newer than its entry (not moot either).
-NEVER_ABANDONS = ("dgd", "ddp", "pbs")
 # The forward pass's share of a micro-batch's computation (a backward costs about twice a forward),
 # so a single-batch step has one check point, a third of the way in, before its backward pass.
 FORWARD_SHARE = 1 / 3
 
 
 def abandons(scheme: str) -> bool:
-    """Whether a worker of `scheme` may abandon a decided step."""
-    return scheme not in NEVER_ABANDONS
+    """Whether a worker of `scheme` may abandon a decided step (dgd and ddp decide a step only with
+    every worker's message, so none is ever moot; pbs's table takes a late gradient if it is newer
+    than its entry: pgc_mpi.core.traits)."""
+    return traits(scheme).abandons
 
 
 def check_points(began: float, until: float, micro_batches: int) -> list[float]:

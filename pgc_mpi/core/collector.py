@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import NotDecodable, PgcError
-from .drop_compute import DROPS_COMPUTE
 from .message import Message, MessageRecord
 from .schemes import CodedScheme, PbsScheme, staleness
+from .traits import traits
 
 Payload = np.ndarray | Callable[[], np.ndarray]  # a message's vector, or a callable that computes it
 LazyLoss = Callable[[], float] | None  # a message's minibatch loss computed on demand (None: the message's own)
@@ -185,7 +185,7 @@ class CodedCollector(_Collector):
             if self.summed != used:
                 raise RuntimeError(f"streamed {self.summed} but the decoder used {used}")
             # dgd with --drop-compute: the mean over the micro-batches computed (core.drop_compute)
-            dropped = self.scheme.name in DROPS_COMPUTE and self.shares < len(self.summed)
+            dropped = traits(self.scheme.name).drops_compute and self.shares < len(self.summed)
             self.grad *= self.grad.dtype.type(1.0 / self.shares if dropped else a[used[0]])
         else:
             for i in used:

@@ -23,10 +23,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-# The schemes DropCompute applies to: dgd and ddp wait for every worker, so shortening the
-# slowest workers' jobs is their only lever (the coded schemes already skip stragglers). ddp runs
-# the same rule inside its all-reduce (pgc_mpi.runtime.ddp).
-DROPS_COMPUTE = ("dgd", "ddp")
+from .traits import traits
+
+# The schemes DropCompute applies to (traits: drops_compute): dgd and ddp wait for every worker,
+# so shortening the slowest workers' jobs is their only lever (the coded schemes already skip
+# stragglers). ddp runs the same rule inside its all-reduce (pgc_mpi.runtime.ddp).
 
 
 def micro_batches_done(job: float, micro_batches: int, threshold: float) -> int:
@@ -107,9 +108,9 @@ class AutoThreshold:
 
 def make_auto(setting: float | str | None, scheme: str, micro_batches: int) -> AutoThreshold | None:
     """The AutoThreshold of a run with --drop-compute auto (of a scheme that drops compute), else None."""
-    return AutoThreshold(micro_batches) if setting == AUTO and scheme in DROPS_COMPUTE else None
+    return AutoThreshold(micro_batches) if setting == AUTO and traits(scheme).drops_compute else None
 
 
 def fixed_threshold(setting: float | str | None, scheme: str) -> float | None:
     """The threshold of a run with --drop-compute SECONDS (of a scheme that drops compute), else None."""
-    return setting if scheme in DROPS_COMPUTE and setting not in (None, AUTO) else None
+    return setting if traits(scheme).drops_compute and setting not in (None, AUTO) else None

@@ -24,13 +24,8 @@ from .encoding import (
 )
 from .placement import cr_placement, fr_placement, single_placement
 from .table import PartitionTable
+from .traits import SCHEME_NAMES, traits
 
-SCHEME_NAMES = (
-    "dgd", "is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "is-gc-cr", "pgc-fr", "pgc-cr", "pbs",
-)
-# Schemes whose runs do not depend on s: dgd waits for every worker, pbs's table has its own
-# replication and window (is-sgd does depend on it: it waits for the first n - s).
-IGNORES_S = ("dgd", "pbs")
 # is-gc-fr and is-gc-cr store this many partitions per worker unless told otherwise: the paper's
 # choice for every s (it fixes the computation per step, c gradients, whatever s is).
 IS_GC_DEFAULT_C = 2
@@ -48,22 +43,22 @@ ON_STALE = ("refresh", "reject")
 
 @dataclass(frozen=True)
 class _Rule:
+    """How a coded scheme places and decodes (its other traits: pgc_mpi.core.traits)."""
+
     placement: str  # "single", "fr" or "cr"
     decoder: str  # "average", "groups", "tandon" or "windows"
-    pipelined: bool
     exact: bool  # decodes the exact mean gradient (given fresh buffers)
-    waits_for_all: bool = False
 
 
 _RULES = {
-    "dgd": _Rule("single", "average", pipelined=False, exact=True, waits_for_all=True),
-    "is-sgd": _Rule("single", "average", pipelined=False, exact=False),
-    "gc-fr": _Rule("fr", "groups", pipelined=False, exact=True),
-    "gc-cr": _Rule("cr", "tandon", pipelined=False, exact=True),
-    "is-gc-fr": _Rule("fr", "groups", pipelined=False, exact=False),
-    "is-gc-cr": _Rule("cr", "windows", pipelined=False, exact=False),
-    "pgc-fr": _Rule("fr", "groups", pipelined=True, exact=True),
-    "pgc-cr": _Rule("cr", "average", pipelined=True, exact=False),
+    "dgd": _Rule("single", "average", exact=True),
+    "is-sgd": _Rule("single", "average", exact=False),
+    "gc-fr": _Rule("fr", "groups", exact=True),
+    "gc-cr": _Rule("cr", "tandon", exact=True),
+    "is-gc-fr": _Rule("fr", "groups", exact=False),
+    "is-gc-cr": _Rule("cr", "windows", exact=False),
+    "pgc-fr": _Rule("fr", "groups", exact=True),
+    "pgc-cr": _Rule("cr", "average", exact=False),
 }
 
 
@@ -143,13 +138,13 @@ class CodedScheme(Scheme):
             placement = cr_placement(n, c)
         super().__init__(name, n, s, c, placement)
         self.rule = rule
-        self.pipelined = rule.pipelined
+        self.pipelined = traits(name).pipelined
         self.exact = rule.exact
         if rule.decoder == "tandon":
             self._B = tandon_cr_matrix(n, s, seed)
         else:
             self._B = support_matrix(placement, n)
-        self.min_arrivals = n if rule.waits_for_all else n - s
+        self.min_arrivals = n if traits(name).waits_for_all else n - s
         self.fr_decode = fr_decode
         # decoders whose weights are one common factor on a set known arrival by arrival: the
         # master can sum messages as they come and scale once at the end
@@ -375,16 +370,16 @@ def make_scheme(
     s = _check_int("s (stragglers)", s, 0)
     if s >= n:
         raise SchemeError(f"s must be smaller than n (the master needs n-s >= 1 workers), got n={n}, s={s}")
-    if c is not None and not (name.startswith("is-gc-") or name == "pbs"):
+    if c is not None and not traits(name).sets_c:
         raise SchemeError(f"c applies only to is-gc-fr, is-gc-cr and pbs; {name} uses c = s + 1")
-    if replication is not None and name != "pbs":
+    if replication is not None and not traits(name).table:
         raise SchemeError(f"replication applies only to pbs; {name} replicates each partition s + 1 times")
-    if name == "pbs":
+    if traits(name).table:
         return _make_pbs(n, s, c, replication)
-    if name in ("dgd", "is-sgd"):
+    if _RULES[name].placement == "single":
         c = 1
     elif c is None:
-        c = min(IS_GC_DEFAULT_C, n) if name.startswith("is-gc-") else s + 1
+        c = min(IS_GC_DEFAULT_C, n) if traits(name).sets_c else s + 1
     c = _check_int("c (partitions per worker)", c, 1)
     if c > n:
         raise SchemeError(f"c must be at most n (a worker cannot store more than n partitions), got n={n}, c={c}")

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..choices import PEER_SCHEMES
 from ..core.message import MessageRecord
+from ..core.traits import PEER_SCHEMES
 from ..errors import ConfigError, RunDataError
 from .delays import WARMUP, DelayReport, extras, summarize
 from .metrics import MASTER_PARTS, read_json

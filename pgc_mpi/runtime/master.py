@@ -25,6 +25,7 @@ import torch
 from ..core.collector import Decoded, make_collector
 from ..core.message import Message
 from ..core.schemes import CodedScheme, PbsScheme
+from ..core.traits import traits
 from ..core.wire import DECODE_ERROR_WARNING
 from ..errors import Diverged, NotDecodable, PgcError
 from ..learning.diagnostics import TableDiagnostics
@@ -261,7 +262,7 @@ class Master(PbsFollowing):
                 self.totals.lost = sorted(self.gone.lost)
                 log.error("step %d cannot complete: it needs lost workers %s (%s tolerates %d); ending the run with "
                           "a checkpoint: resume it on the workers that are left", t, self.totals.lost,
-                          self.scheme.name, 0 if self.scheme.name == "dgd" else getattr(self.scheme, "s", 0))
+                          self.scheme.name, 0 if traits(self.scheme.name).waits_for_all else self.scheme.s)
                 return None, missed
             if collector.ready():
                 try:

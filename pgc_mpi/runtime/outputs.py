@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import TrainConfig
+from ..core.traits import traits
 from ..runs import run_folder
 from ..runs.metrics import MetricsWriter, Progress, json_line, read_json, write_json
 from ..runs.results import read_steps
@@ -16,7 +17,6 @@ from . import provenance
 
 # Schemes for which --stragglers means nothing, so the log and the report leave s out: dgd waits for
 # every worker and ddp's all-reduce needs every peer.
-WAIT_FOR_EVERY_WORKER = ("dgd", "ddp")
 
 
 def record_failure(cfg: TrainConfig, rank: int, reason: str) -> None:
@@ -65,7 +65,7 @@ def open_outputs(cfg: TrainConfig, comm, log, scheme, problem, start: dict,
                                      "data_fingerprint": data, "data_changes": data_changes,
                                      "provenance": provenance.with_earlier_starts(start, previous)})
     log.info("%s with n=%d workers%s, c=%d; %s (%d parameters, %s); output in %s", cfg.scheme, scheme.n,
-             "" if cfg.scheme in WAIT_FOR_EVERY_WORKER else f", s={scheme.s}", scheme.c, cfg.describe_problem(),
+             "" if traits(cfg.scheme).waits_for_all else f", s={scheme.s}", scheme.c, cfg.describe_problem(),
              problem.dim, cfg.dtype, out)
     return out, metrics, Progress(cfg.steps, cfg.log_interval, log)
 
@@ -152,8 +152,8 @@ def _abandoned(cfg: TrainConfig, summary: dict) -> str:
 
 
 def _scheme_label(name: str, scheme) -> str:
-    """"pgc-cr (n=4, s=1)"; "dgd (n=4)" where s means nothing (WAIT_FOR_EVERY_WORKER)."""
-    return f"{name} (n={scheme.n})" if name in WAIT_FOR_EVERY_WORKER else f"{name} (n={scheme.n}, s={scheme.s})"
+    """"pgc-cr (n=4, s=1)"; "dgd (n=4)" where s means nothing (a scheme that waits for every worker)."""
+    return f"{name} (n={scheme.n})" if traits(name).waits_for_all else f"{name} (n={scheme.n}, s={scheme.s})"
 
 
 def _saved_line(summary: dict) -> str:

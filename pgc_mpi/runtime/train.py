@@ -23,11 +23,11 @@ from typing import NoReturn
 
 import numpy as np
 
-from ..choices import PEER_SCHEMES
 from ..config import TrainConfig, config_from_args
 from ..core.faults import parse_faults
 from ..core.message import Layout, buffers_per_message, gradient_header
 from ..core.stragglers import DelayModel
+from ..core.traits import PEER_SCHEMES
 from ..core.wire import WireFormat, wire_format
 from ..errors import ConfigError, PgcError
 from ..runs import run_folder, run_lock

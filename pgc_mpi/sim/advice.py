@@ -35,7 +35,7 @@ import numpy as np
 
 from ..choices import BUILTIN_DATASETS, MODELS, OPTIMIZERS
 from ..config import CORE_FIELDS, SimConfig, check_plugin_names
-from ..core.schemes import IGNORES_S
+from ..core.traits import traits
 from ..errors import ConfigError
 from ..learning.problems import accuracy_key, loss_key
 from ..runs.delays import Extra, extras_by_worker, write_trace
@@ -150,7 +150,7 @@ def plan(schemes: Iterable[str], s_values: Iterable[int], base: dict[str, Any]) 
     skipped: list[str] = []
     s_values = list(s_values)
     for scheme in schemes:
-        for s in [None] if scheme in IGNORES_S else s_values:
+        for s in s_values if traits(scheme).depends_on_s else [None]:
             candidate = Candidate(scheme, s)
             try:
                 planned[candidate] = SimConfig(**{**base, "scheme": scheme, "stragglers": 0 if s is None else s,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..choices import DTYPE_NAMES, PEER_SCHEMES
+from ..choices import DTYPE_NAMES
 from ..config import (
     CORE_FIELDS,
     DEFAULT_BATCH_SIZE,
@@ -37,7 +37,7 @@ from ..config import (
     refuse_mixed_problem,
     show_default,
 )
-from ..core.schemes import SCHEME_NAMES
+from ..core.traits import PEER_SCHEMES, SCHEME_NAMES, traits
 from ..errors import ConfigError, PgcError
 from ..learning.problems import PROBLEMS, Problem
 from .report import Target, format_table, summarize
@@ -45,7 +45,6 @@ from .report import Target, format_table, summarize
 if TYPE_CHECKING:  # pgc_mpi.sim.simulator imports torch (its optimizer): main() imports it once the flags are valid
     from .simulator import SimResult
 
-DEFAULT_SCHEMES = ("dgd", "is-sgd", "gc-fr", "gc-cr", "is-gc-fr", "is-gc-cr", "pgc-fr", "pgc-cr", "pbs")
 # pgc-sim's own defaults for shared options: a cluster with exponential stragglers to compare schemes on
 SIM_DEFAULTS = {"delay": "exp:1.0", "steps": 200}
 # Defaults that depend on the kind of problem: (synthetic, torch). A torch problem takes pgc-train's
@@ -117,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_simulator_options(own: argparse._ArgumentGroup) -> None:
-    own.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
+    own.add_argument("--schemes", default=",".join(SCHEME_NAMES),
                      help=f"comma-separated schemes, all: {','.join(SCHEME_NAMES)} (default: %(default)s)")
     own.add_argument("-n", "--workers", type=int, default=SimConfig.workers,
                      help=f"number of workers {show_default('workers', SimConfig.workers)}")
@@ -255,9 +254,9 @@ def configs_from_args(args: argparse.Namespace) -> dict[str, SimConfig]:
     stop = {"target_gap" if target.kind == "gap" else "target_loss": target.value} if args.stop_at_target else {}
     shared = {name: getattr(args, name) for name in CORE_FIELDS if name != "scheme"}
     return {
-        name: SimConfig(**{**shared, "scheme": name, "c": args.c if name.startswith("is-gc") or name == "pbs" else None,
-                           "replication": args.replication if name == "pbs" else None,
-                           "adapt": args.adapt and name == "pbs"},
+        name: SimConfig(**{**shared, "scheme": name, "c": args.c if traits(name).sets_c else None,
+                           "replication": args.replication if traits(name).table else None,
+                           "adapt": args.adapt and traits(name).table},
                         workers=args.workers, compute_time=args.compute_time, probe_every=args.probe_every,
                         eval_every=target.eval_every, master_cost=args.master_cost,
                         **stop)

@@ -153,7 +153,7 @@ def test_a_damaged_block_loses_only_itself(tmp_path):
     with pytest.warns(DetailLostWarning) as caught:
         got = read_steps(tmp_path)
     text = str(caught[0].message)
-    assert str(path) in text and f"(steps {bad})" in text
+    assert str(path) in text and f"(step {bad})" in text
     assert f"between the blocks of steps {bad - 1} and {bad + 1}" in text
     assert [r["step"] for r in got if r.get("detail_lost")] == [bad]
     for mine, record in zip(got, records):
