@@ -22,9 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.abandon import abandon_margin, check_points, worth_abandoning
-
-# 101..104: pgc_mpi.runtime.transport; 105..114: pgc_mpi.runtime.links; 115: heartbeats
-TAG_DECIDED, TAG_ABANDONED = 116, 117
+from .tags import TAG_ABANDONED, TAG_DECIDED
 
 
 class Abandoned(Exception):

@@ -16,11 +16,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.drop_compute import AUTO, AutoThreshold, make_auto
+from .tags import TAG_THRESHOLD
 
 log = logging.getLogger("pgc_mpi")
-
-# 101..104: pgc_mpi.runtime.transport; 105..114: pgc_mpi.runtime.links; 115: heartbeats; 116, 117: abandon
-TAG_THRESHOLD = 118
 
 
 class ThresholdChooser:

@@ -14,7 +14,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-TAG_ALIVE = 115  # beside the transport's 101..104 and the control links' 105..114
+from .tags import TAG_ALIVE
 
 
 def heartbeat_interval(lost_after: float) -> float:

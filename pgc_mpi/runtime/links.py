@@ -11,15 +11,19 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .tags import (
+    TAG_DIAGNOSIS,
+    TAG_ORDER,
+    TAG_PARAMS,
+    TAG_REPORT,
+    TAG_SERVER_REPORT,
+    TAG_SHARD,
+    TAG_START,
+    TAG_STATE,
+    TAG_TABLE,
+    TAG_VERDICT,
+)
 from .transport import Backoff, _wait
-
-# the ddp baseline's messages (pgc_mpi.runtime.ddp): step reports and parameters to rank 0, its verdicts back
-TAG_REPORT, TAG_PARAMS, TAG_VERDICT = 105, 106, 107
-# --servers K (pgc_mpi.runtime.servers): rank 0's orders to the other servers, their shards, optimizer
-# states and reports back, and what each starts from; with pbs also each step's diagnostics
-# (partial sums, and shards of two models at a probe) and the partition table's shards
-TAG_ORDER, TAG_SHARD, TAG_STATE, TAG_START, TAG_SERVER_REPORT = 108, 109, 110, 111, 112
-TAG_DIAGNOSIS, TAG_TABLE = 113, 114
 
 
 def _receive_object(comm: MPI.Comm, source: int, tag: int, poll_interval: float, until: float = math.inf):

@@ -1,4 +1,5 @@
-"""The only module that talks to MPI: the communicator, tags, message buffers and requests.
+"""The gradient transport over MPI: the communicator, message buffers and requests of the models
+and gradients between the servers and the workers (the tags: pgc_mpi.runtime.tags).
 
 Every message is one contiguous byte buffer laid out by pgc_mpi.core.message: a header of named
 fields followed by the payload (parameters in the run's dtype, or a coded gradient in the wire
@@ -30,9 +31,7 @@ from ..core.message import MODEL_HEADER, Layout
 from ..core.wire import WireFormat, wire_format
 from .abandon import DecidedNotices
 from .heartbeat import Heartbeat, Listener
-
-TAG_MODEL, TAG_GRAD, TAG_STOP, TAG_BYE = 101, 102, 103, 104
-# 105..114: the control links of pgc_mpi.runtime.links; 115: heartbeats (pgc_mpi.runtime.heartbeat)
+from .tags import TAG_BYE, TAG_GRAD, TAG_MODEL, TAG_STOP
 
 
 class Backoff:

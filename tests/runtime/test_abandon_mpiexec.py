@@ -106,7 +106,8 @@ def test_a_worker_drops_a_decided_job_where_the_scheme_says_it_is_worth_it():
 
     from mpi4py import MPI
 
-    from pgc_mpi.runtime.abandon import TAG_DECIDED, Abandoned, DecidedWatch, JobCheck
+    from pgc_mpi.runtime.abandon import Abandoned, DecidedWatch, JobCheck
+    from pgc_mpi.runtime.tags import TAG_DECIDED
 
     comm = MPI.COMM_SELF
     watch = DecidedWatch(comm, servers=1)

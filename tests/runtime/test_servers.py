@@ -13,7 +13,6 @@ from pgc_mpi.errors import ConfigError
 from pgc_mpi.learning.diagnostics import TableDiagnostics
 from pgc_mpi.learning.optim import FlatOptimizer
 from pgc_mpi.learning.problems import LeastSquares
-from pgc_mpi.runtime.links import TAG_TABLE
 from pgc_mpi.runtime.servers import (
     ANSWER,
     ARRIVAL,
@@ -29,6 +28,7 @@ from pgc_mpi.runtime.servers import (
     shard_bounds,
     slice_state,
 )
+from pgc_mpi.runtime.tags import TAG_TABLE
 
 
 @pytest.mark.parametrize("dim,servers", [(10, 1), (10, 3), (7, 7), (1_000_003, 4)])
