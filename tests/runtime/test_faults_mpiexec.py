@@ -201,9 +201,11 @@ def test_corrupt_and_mismatched_checkpoints_are_clear_errors(tmp_path):
 def test_local_sh_starts_a_run_that_lost_a_worker_again_on_the_workers_left(tmp_path, death):
     """mpiexec -disable-auto-cleanup. A worker that exits: hydra tells the ranks with SIGUSR1, the
     master stops with a checkpoint at the step in progress. A worker SIGKILLed: hydra ends every
-    rank, and the newest periodic checkpoint (step 100) is where the run goes on. Either way
-    local.sh starts the run again at once on 2 workers; every step is recorded once and the worker
-    change is in config.json."""
+    rank, and the newest periodic checkpoint (step 100) is where the run goes on, or, when the
+    master has taken hydra's SIGUSR1 (sent to every rank when one's PMI socket closes) before the
+    kill reached it, its stop checkpoint at the step in progress (seen with 2 CPU burners on 2 cores:
+    step 101). Either way local.sh starts the run again at once on 2 workers; every step is
+    recorded once and the worker change is in config.json."""
     from pathlib import Path
 
     out = tmp_path / "run"
@@ -219,7 +221,7 @@ def test_local_sh_starts_a_run_that_lost_a_worker_again_on_the_workers_left(tmp_
     if death == "die":
         assert "SIGUSR1 received during step" in proc.stderr and 100 <= change[0]["step"] <= 150
     else:
-        assert "the job ended with status" in proc.stderr and change[0]["step"] == 100
+        assert "the job ended with status" in proc.stderr and 100 <= change[0]["step"] <= 150
     assert [e["status"] for e in events_of(out, "summary")] == ["completed"]  # a resume cuts earlier summaries
 
 
