@@ -135,9 +135,7 @@ if hang or step in os.environ.get("FLAKY_EXIT", "").split():
     if hang:
         time.sleep(600)
     sys.exit(1)
-from pgc_mpi.runtime.entry import train
-sys.argv[0] = "pgc-train"
-train()
+os.execvp("pgc-train", ["pgc-train", *sys.argv[1:]])
 """
 QUICK = ["--problem", "quadratic", "--scheme", "pgc-cr", "-s", "1", "--steps", "20", "--eval-every", "10"]
 
