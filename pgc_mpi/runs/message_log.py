@@ -17,7 +17,7 @@ body. Older blocks are still read: format 2's CRC covers the body only (a flippe
 passes it, and is caught when the body does not decode to the sizes the header promises), and
 format 1, written before turnaround was recorded, has no turnaround column (None). Then the body,
 zlib-compressed (level `LEVEL`) columns one after the other, `rows` values each unless said
-(`COLUMNS`):
+(`COLUMNS`; the layout's constants and the column encodings are in pgc_mpi.runs.message_columns):
 
 - worker (int32), back (int32: the record's step minus the message's step);
 - delay, compute_time, real_compute_time, turnaround (formats 2 and 3): int64 nanoseconds
@@ -72,68 +72,34 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..core.message import MessageRecord
 from ..errors import WriteError, write_failure
+from .message_columns import (
+    ARRIVED,
+    BIT,
+    CHECKED,
+    CODES,
+    COLUMNS,
+    COLUMNS_OF,
+    FIELDS,
+    FORMAT,
+    FORMATS,
+    HEADER,
+    LEVEL,
+    MAGIC,
+    MOVED,
+    REJECTED,
+    TIMES,
+    USED,
+    VERDICTS,
+    WHOLE,
+    relative_turnaround,
+    shuffle_bytes,
+    to_nanoseconds,
+    to_seconds,
+    unshuffle_bytes,
+)
 
 NAME = "messages.bin"
-MAGIC = b"PGCm"
-FORMAT = 3
-FORMATS = (1, 2, 3)  # the block formats the reader takes: 1 has no turnaround column; 1 and 2 check the body only
-# magic, format, moved keys (bits), c, step, rows, ages, compressed length, CRC-32 (format 3: of the
-# header's first 28 bytes and the compressed body; 1 and 2: of the compressed body)
-HEADER = struct.Struct("<4sBBHqIIII")
-CHECKED = HEADER.size - 4  # the header's bytes before its CRC: format 3's CRC covers them
-LEVEL = 1  # zlib level: levels 6 and 9 save under 2 % on these columns, at several times the time
-MOVED = ("messages", "arrivals", "used", "rejected", "versions", "ages")  # bit i of the header's field
-VERDICTS = ("used", "accepted", "late", "stale", "rejected")  # MessageRecord.verdict, by code
-ARRIVED, USED, REJECTED, WHOLE = 1, 2, 4, 8  # row flags (WHOLE: the turnaround column holds it whole)
-COLUMNS = (("worker", "<i4"), ("back", "<i4"), ("delay", "<i8"), ("compute_time", "<i8"),
-           ("real_compute_time", "<i8"), ("turnaround", "<i8"), ("gradients", "<i4"), ("verdict", "u1"),
-           ("flags", "u1"))
-COLUMNS_OF = {3: COLUMNS, 2: COLUMNS, 1: tuple(c for c in COLUMNS if c[0] != "turnaround")}  # by block format
-TIMES = ("delay", "compute_time", "real_compute_time", "turnaround")  # in nanoseconds, byte-shuffled
-FIELDS = len(MessageRecord._fields)  # a message's JSON list: MessageRecord's fields in order
-NAN_NS, INF_NS = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-_CODES = {verdict: code for code, verdict in enumerate(VERDICTS)}
-_BIT = {key: 1 << i for i, key in enumerate(MOVED)}
-
-
-def _nanoseconds(seconds) -> np.ndarray:
-    x = np.asarray(seconds, dtype=np.float64)
-    finite = np.isfinite(x) & (np.abs(x) < 9e9)  # 285 years: beyond, a time is as good as infinite
-    out = np.where(np.isnan(x), NAN_NS, np.where(x > 0, INF_NS, NAN_NS + 1)).astype(np.int64)
-    out[finite] = np.rint(x[finite] * 1e9).astype(np.int64)
-    return out
-
-
-def _seconds(ns: np.ndarray) -> list[float | None]:
-    """Nanoseconds as json.loads gives back seconds: floats, None for NaN and infinities."""
-    values = (ns / 1e9).tolist()
-    special = np.flatnonzero((ns == NAN_NS) | (ns == INF_NS) | (ns == NAN_NS + 1))
-    for i in special.tolist():
-        values[i] = None
-    return values
-
-
-def _relative(turnaround: np.ndarray, delay: np.ndarray, compute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the turnaround column, its WHOLE rows): nanoseconds beyond delay + compute_time where all
-    three are finite times (small enough not to overflow), the turnaround itself elsewhere."""
-    def small(ns: np.ndarray) -> np.ndarray:
-        return (ns > -2**61) & (ns < 2**61)  # excludes NAN_NS, INF_NS and NAN_NS + 1
-
-    relative = small(turnaround) & small(delay) & small(compute)
-    column = turnaround.copy()
-    column[relative] -= delay[relative] + compute[relative]
-    return column, ~relative
-
-
-def _shuffle(column: np.ndarray) -> bytes:
-    """The column's bytes, byte 0 of every value first, then byte 1...: zlib finds the repeats."""
-    return column.view(np.uint8).reshape(-1, column.itemsize).T.tobytes()
-
-
-def _unshuffle(data: bytes, dtype: np.dtype, rows: int) -> np.ndarray:
-    return np.frombuffer(data, np.uint8).reshape(dtype.itemsize, rows).T.copy().view(dtype).reshape(rows)
 
 
 def _match(workers: np.ndarray, candidates: list[np.ndarray], wanted: list) -> np.ndarray | None:
@@ -165,27 +131,9 @@ def pack(record: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
     if len(fields) != FIELDS:  # records written before real_compute_time or turnaround existed
         fields = list(zip(*((*m, *[math.nan] * (FIELDS - len(m))) for m in messages)))
     workers = np.asarray(fields[0], dtype=np.int64)
-    verdict = np.asarray(list(map(_CODES.__getitem__, fields[5])), dtype=np.uint8)
-    stale = verdict == _CODES["stale"]
-    flags = np.zeros(rows, dtype=np.uint8)
-    moved = {"messages"}
-    if "rejected" in record:  # coded: exactly the stale messages; pbs: some of them
-        found = _match(workers, [stale], record["rejected"])
-        if found is not None:
-            flags[found] |= REJECTED
-            moved.add("rejected")
-    arrived = None
-    if "arrivals" in record:  # coded: the accepted messages (used or not); pbs: all but the rejected
-        taken = (verdict == _CODES["used"]) | (verdict == _CODES["accepted"])
-        arrived = _match(workers, [taken, (taken | stale) & (flags & REJECTED == 0)], record["arrivals"])
-    if arrived is not None:
-        flags[arrived] |= ARRIVED
-        moved.add("arrivals")
-        if "used" in record:  # coded: the messages verdict "used"; pbs: the arrivals
-            found = _match(workers, [verdict == _CODES["used"], flags & ARRIVED > 0], record["used"])
-            if found is not None:
-                flags[found] |= USED
-                moved.add("used")
+    verdict = np.asarray(list(map(CODES.__getitem__, fields[5])), dtype=np.uint8)
+    flags, arrived, moved = _flag_lists(record, workers, verdict)
+    moved.add("messages")
     c, versions = 0, np.zeros(0, dtype=np.int64)
     if "versions" in record and arrived is not None:
         held = record["versions"]
@@ -198,19 +146,19 @@ def pack(record: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
     if "ages" in record:
         ages = np.asarray(record["ages"], dtype=np.int64)
         moved.add("ages")
-    delay, compute = _nanoseconds(fields[2]), _nanoseconds(fields[3])
-    turnaround, whole = _relative(_nanoseconds(fields[7]), delay, compute)
+    delay, compute = to_nanoseconds(fields[2]), to_nanoseconds(fields[3])
+    turnaround, whole = relative_turnaround(to_nanoseconds(fields[7]), delay, compute)
     flags[whole] |= WHOLE
     columns = {"worker": workers, "back": step - np.asarray(fields[1], dtype=np.int64), "delay": delay,
-               "compute_time": compute, "real_compute_time": _nanoseconds(fields[6]), "turnaround": turnaround,
+               "compute_time": compute, "real_compute_time": to_nanoseconds(fields[6]), "turnaround": turnaround,
                "gradients": fields[4], "verdict": verdict, "flags": flags}
     parts = []
     for name, code in COLUMNS:
         column = np.asarray(columns[name]).astype(code, copy=False)
-        parts.append(_shuffle(column) if name in TIMES else column.tobytes())
+        parts.append(shuffle_bytes(column) if name in TIMES else column.tobytes())
     parts += [versions.astype("<i4").tobytes(), ages.astype("<i4").tobytes()]
     body = zlib.compress(b"".join(parts), LEVEL)
-    bits = sum(_BIT[key] for key in moved)
+    bits = sum(BIT[key] for key in moved)
     head = HEADER.pack(MAGIC, FORMAT, bits, c, step, rows, len(ages), len(body), 0)[:CHECKED]
     header = head + struct.pack("<I", zlib.crc32(body, zlib.crc32(head)))
     slim = {k: v for k, v in record.items() if k not in moved}
@@ -220,6 +168,35 @@ def pack(record: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
     if "used" in record:
         slim["n_used"] = len(record["used"])
     return slim, header + body
+
+
+def _flag_lists(record: dict[str, Any], workers: np.ndarray,
+                verdict: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, set[str]]:
+    """The rows' flags (REJECTED, ARRIVED, USED) that rebuild the record's `rejected`, `arrivals`
+    and `used` lists, the ARRIVED rows in arrival order (None: no `arrivals`, or a list the flags
+    cannot express), and the keys of the lists the flags rebuild (a list they cannot express
+    stays in the record)."""
+    stale = verdict == CODES["stale"]
+    flags = np.zeros(len(workers), dtype=np.uint8)
+    moved = set()
+    if "rejected" in record:  # coded: exactly the stale messages; pbs: some of them
+        found = _match(workers, [stale], record["rejected"])
+        if found is not None:
+            flags[found] |= REJECTED
+            moved.add("rejected")
+    arrived = None
+    if "arrivals" in record:  # coded: the accepted messages (used or not); pbs: all but the rejected
+        taken = (verdict == CODES["used"]) | (verdict == CODES["accepted"])
+        arrived = _match(workers, [taken, (taken | stale) & (flags & REJECTED == 0)], record["arrivals"])
+    if arrived is not None:
+        flags[arrived] |= ARRIVED
+        moved.add("arrivals")
+        if "used" in record:  # coded: the messages verdict "used"; pbs: the arrivals
+            found = _match(workers, [verdict == CODES["used"], flags & ARRIVED > 0], record["used"])
+            if found is not None:
+                flags[found] |= USED
+                moved.add("used")
+    return flags, arrived, moved
 
 
 class BadBlock(ValueError):
@@ -253,11 +230,11 @@ class Block:
         for name, code in columns:
             dtype = np.dtype(code)
             chunk = data[at:at + dtype.itemsize * self.rows]
-            cols[name] = _unshuffle(chunk, dtype, self.rows) if name in TIMES else np.frombuffer(chunk, dtype)
+            cols[name] = unshuffle_bytes(chunk, dtype, self.rows) if name in TIMES else np.frombuffer(chunk, dtype)
             at += len(chunk)
         flags = cols["flags"]
         arrived = np.flatnonzero(flags & ARRIVED)
-        held = len(arrived) * self.c if self.moved & _BIT["versions"] else 0
+        held = len(arrived) * self.c if self.moved & BIT["versions"] else 0
         if len(data) != at + 4 * (held + self.ages) or (cols["verdict"] >= len(VERDICTS)).any():
             raise BadBlock(f"{len(data)} bytes are not the {at + 4 * (held + self.ages)} its header promises, "
                            f"or a verdict code is unknown")
@@ -265,24 +242,24 @@ class Block:
         ages = np.frombuffer(data, "<i4", self.ages, at + 4 * held)
         workers = cols["worker"].tolist()
         out: dict[str, Any] = {}
-        if self.moved & _BIT["messages"]:
+        if self.moved & BIT["messages"]:
             steps = (self.step - cols["back"].astype(np.int64)).tolist()
-            delay, compute, real = (_seconds(cols[name]) for name in TIMES[:3])
+            delay, compute, real = (to_seconds(cols[name]) for name in TIMES[:3])
             turnaround = [None] * self.rows  # format 1: not recorded
             if "turnaround" in cols:
                 ns, relative = cols["turnaround"].copy(), flags & WHOLE == 0
                 ns[relative] += cols["delay"][relative] + cols["compute_time"][relative]
-                turnaround = _seconds(ns)
+                turnaround = to_seconds(ns)
             verdicts = [VERDICTS[v] for v in cols["verdict"].tolist()]
             out["messages"] = [list(m) for m in zip(workers, steps, delay, compute, cols["gradients"].tolist(),
                                                     verdicts, real, turnaround)]
         for key, flag in (("arrivals", ARRIVED), ("used", USED), ("rejected", REJECTED)):
-            if self.moved & _BIT[key]:
+            if self.moved & BIT[key]:
                 out[key] = [workers[i] for i in np.flatnonzero(flags & flag).tolist()]
-        if self.moved & _BIT["versions"]:
+        if self.moved & BIT["versions"]:
             table = (self.step - versions.reshape(len(arrived), self.c)).tolist()
             out["versions"] = {str(workers[i]): v for i, v in zip(arrived.tolist(), table)}
-        if self.moved & _BIT["ages"]:
+        if self.moved & BIT["ages"]:
             out["ages"] = ages.tolist()
         return out
 
