@@ -38,6 +38,23 @@ def _master_collect(link: MasterTransport, n: int, timeout: float = 30.0) -> dic
     return got
 
 
+def _worker(comm, dim: int = 1000) -> WorkerTransport:
+    """A worker rank's link (every rank but 0), for models of `dim` parameters."""
+    return WorkerTransport(comm, _layout(dim), poll_interval=0.001)
+
+
+def _worker_takes_the_stop(link: WorkerTransport) -> None:
+    """What a worker receives next is the master's stop, not a model; it confirms the stop."""
+    assert link.next_model() is None and link.stopped
+    link.confirm_stop()
+
+
+def _worker_answers_and_stops(link: WorkerTransport) -> None:
+    """A worker's last answer: its gradient (the link's buffers as they are), then the stop."""
+    link.send()
+    _worker_takes_the_stop(link)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_models_out_coded_gradients_in_and_a_clean_stop():
     comm = duplicate_world()
@@ -56,14 +73,12 @@ def test_models_out_coded_gradients_in_and_a_clean_stop():
         assert link.bytes_received == n * _layout().nbytes
         assert link.shutdown(grace=20) == []
     else:
-        link = WorkerTransport(comm, _layout(), poll_interval=0.001)
+        link = _worker(comm)
         assert link.next_model() == 3
         np.testing.assert_array_equal(link.model, w)
         link.payloads[0][:] = link.model * comm.Get_rank()
         link.write_header(Message(3, comm.Get_rank() - 1, (2, 3), loss=0.5))
-        link.send()
-        assert link.next_model() is None and link.stopped
-        link.confirm_stop()
+        _worker_answers_and_stops(link)
     comm.Free()
 
 
@@ -83,7 +98,7 @@ def test_a_worker_that_fell_behind_keeps_only_the_newest_model():
         assert all(header["step"] == 3 for header, _ in got.values())
         assert link.shutdown(grace=20) == []
     else:
-        link = WorkerTransport(comm, _layout(), poll_interval=0.001)
+        link = _worker(comm)
         time.sleep(0.3)  # busy elsewhere while three models arrive
         seen = [link.next_model()]
         until = time.monotonic() + 10
@@ -94,9 +109,7 @@ def test_a_worker_that_fell_behind_keeps_only_the_newest_model():
         assert seen == sorted(seen) and seen[-1] == 3  # never an older model after a newer one
         assert (link.model == 3).all()
         link.headers[0]["step"] = 3
-        link.send()
-        assert link.next_model() is None
-        link.confirm_stop()
+        _worker_answers_and_stops(link)
     comm.Free()
 
 
@@ -108,12 +121,10 @@ def test_a_late_gradient_sent_while_stopping_is_received_not_left_pending():
         link = _master_sending(comm, n, 0, np.zeros(2_000_000, dtype=np.float32))
         assert link.shutdown(grace=30) == []  # stop before any gradient came back
     else:
-        link = WorkerTransport(comm, _layout(2_000_000), poll_interval=0.001)
+        link = _worker(comm, 2_000_000)
         assert link.next_model() == 0
         time.sleep(0.2)
-        link.send()  # 8 MB: a rendezvous send that needs the master's receive to still be posted
-        assert link.next_model() is None
-        link.confirm_stop()
+        _worker_answers_and_stops(link)  # 8 MB: a rendezvous send that needs the master's receive to still be posted
     comm.Free()
 
 
@@ -133,7 +144,7 @@ def test_a_worker_silent_for_longer_than_the_grace_is_abandoned_without_a_stop()
         assert link.shutdown(grace=1.0) == [silent]
         comm.Ibarrier().Wait()  # (a blocking barrier never matches a non-blocking one)
     else:
-        link = WorkerTransport(comm, _layout(), poll_interval=0.001)
+        link = _worker(comm)
         if comm.Get_rank() - 1 == silent:
             assert link.next_model() == 0
             done = comm.Ibarrier()
@@ -159,10 +170,9 @@ def test_a_model_followed_by_the_stop_is_returned_before_the_stop():
         link = _master_sending(comm, n, 7, np.ones(1000, dtype=np.float32))
         assert link.shutdown(grace=20) == []  # a small model is sent eagerly: the stop follows at once
     else:
-        link = WorkerTransport(comm, _layout(), poll_interval=0.001)
+        link = _worker(comm)
         time.sleep(0.3)  # both are waiting by now
         assert link.next_model() == 7 and not link.stopped
         assert (link.model == 1).all()
-        assert link.next_model() is None and link.stopped
-        link.confirm_stop()
+        _worker_takes_the_stop(link)
     comm.Free()
