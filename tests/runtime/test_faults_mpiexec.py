@@ -72,14 +72,23 @@ def test_pipelined_resume_rebuilds_the_stale_buffers_by_a_warmup(tmp_path):
     assert events_of(tmp_path, "eval")[-1]["test_accuracy"] > 0.5
 
 
-def test_s_hung_workers_do_not_stop_a_run(tmp_path):
+@pytest.mark.parametrize("ranks,s,steps,hangs", [(5, 1, 40, {2: 5}), (7, 2, 30, {1: 3, 4: 8})],
+                         ids=["one-hung", "s-hung"])
+def test_up_to_s_hung_workers_do_not_stop_a_coded_run(tmp_path, ranks, s, steps, hangs):
+    """pgc-cr with one hung worker, and with s: the run ends on time, the hung workers ({worker:
+    the step it hangs at}) are abandoned at the end and named, and none is used after it hung."""
     began = time.monotonic()
-    proc = run_train(7, ["--scheme", "pgc-cr", "-s", "2", "--steps", "30", "--delay", "hang:1@3+hang:4@8",
-                         "--grace", "3", "--out", str(tmp_path)])
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    delay = "+".join(f"hang:{worker}@{step}" for worker, step in hangs.items())
+    proc = run_train(ranks, ["--scheme", "pgc-cr", "-s", str(s), "--steps", str(steps), "--delay", delay,
+                             "--grace", "3", "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert time.monotonic() - began < 90
-    assert sorted(events_of(tmp_path, "shutdown")[0]["abandoned"]) == [1, 4]
-    assert "workers [1, 4]" in proc.stderr
+    assert events_of(tmp_path, "summary")[0]["steps"] == steps
+    hung = sorted(hangs)
+    assert sorted(events_of(tmp_path, "shutdown")[0]["abandoned"]) == hung
+    assert f"workers {hung} (ranks {[w + 1 for w in hung]})" in proc.stderr
+    records = steps_of(tmp_path)
+    assert all(worker not in r["used"] for worker, step in hangs.items() for r in records[step + 1:])
 
 
 @pytest.mark.parametrize("fault", ["nan", "inf", "badsize"])
