@@ -42,7 +42,7 @@ else
 fi
 # --device auto is the device-selection path a worker takes (cuda:0 on a GPU machine, cpu in a dry run
 # without one)
-python -c 'from pgc_mpi.runtime.devices import cuda_aware_mpi, select_device
+python -c 'from pgc_mpi.job.devices import cuda_aware_mpi, select_device
 print("MPI CUDA-aware:", cuda_aware_mpi())
 print("--device auto:", select_device("auto", "worker").describe())'
 if $dry_run; then

@@ -32,8 +32,8 @@ from mpi4py import MPI
 
 from pgc_mpi.core.message import Layout, gradient_header
 from pgc_mpi.core.wire import WIRE_DTYPES, wire_format
+from pgc_mpi.job import shm
 from pgc_mpi.learning.optim import FlatOptimizer
-from pgc_mpi.runtime import shm
 from pgc_mpi.runtime.servers import shard_bounds
 from pgc_mpi.runtime.transport import MasterTransport, WorkerTransport, duplicate_world
 
@@ -154,7 +154,7 @@ def main() -> None:
                         "reference of the ratios (pgc-train --wire-dtype; default: none)")
     args = p.parse_args()
     comm = duplicate_world()
-    shm.unlink_own_segments()  # the job is up: a killed run leaves no MPICH segment behind (pgc_mpi.runtime.shm)
+    shm.unlink_own_segments()  # the job is up: a killed run leaves no MPICH segment behind (pgc_mpi.job.shm)
     n = comm.size - 1
     rows, wire_rows, server_rows = [], [], []
     for d in args.sizes:

@@ -18,9 +18,9 @@ __version__ = "0.1.0"
 # name -> module that defines it (imported when the name is first used)
 _LAZY = {
     "TrainConfig": "config",
-    "fit": "runtime.fitting",
+    "fit": "job.fitting",
     "options_from_args": "config",
-    "FitResult": "runtime.fitting",
+    "FitResult": "job.fitting",
     "SimConfig": "config",
     "simulate": "sim.simulator",
     "replay": "sim.simulator",

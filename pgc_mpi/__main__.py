@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
         from .sim.cli import main as command
 
         return command(argv[1:])
-    from .runtime.entry import train
+    from .job.entry import train
 
     sys.argv = [f"{sys.argv[0]} train", *argv[1:]]
     train()  # does not return: it finalizes MPI and exits

@@ -10,4 +10,4 @@ LR_SCHEDULES = ("constant", "cosine", "linear", "step")  # --lr-schedule (pgc_mp
 AUTOCAST = ("none", "bf16", "fp16")  # --autocast: the workers' forward and backward (pgc_mpi.learning.models)
 BUILTIN_DATASETS = ("digits",)
 DEADLINE_POLICIES = ("wait", "partial", "fail")
-DEVICE_CHOICES = ("cpu", "cuda", "auto")  # --device and --master-device (pgc_mpi.runtime.devices)
+DEVICE_CHOICES = ("cpu", "cuda", "auto")  # --device and --master-device (pgc_mpi.job.devices)

@@ -20,8 +20,8 @@ def _with_mpi(config: pytest.Config) -> bool:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """A segment a killed MPI job left in /dev/shm hangs a later job in MPI_Init (pgc_mpi.runtime.shm)."""
-    from pgc_mpi.runtime import shm
+    """A segment a killed MPI job left in /dev/shm hangs a later job in MPI_Init (pgc_mpi.job.shm)."""
+    from pgc_mpi.job import shm
 
     if not _with_mpi(session.config):
         shm.report_stale(shm.remove_stale())
@@ -41,7 +41,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     from mpi4py import MPI
 
     if not _with_mpi(config):
-        from pgc_mpi.runtime import shm
+        from pgc_mpi.job import shm
 
         shm.unlink_own_segments()
     library = " ".join(MPI.Get_library_version().splitlines()[0].split())  # "MPICH Version:      5.0.2"
@@ -57,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from mpi4py import MPI
 
-    from pgc_mpi.runtime import shm
+    from pgc_mpi.job import shm
 
     MPI.COMM_WORLD.Barrier()  # every rank is past MPI_Init: this run leaves no segment behind
     shm.unlink_own_segments()

@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from pgc_mpi.job import shm
 from pgc_mpi.runs.metrics import read_metrics
 from pgc_mpi.runs.results import read_steps
-from pgc_mpi.runtime import shm
 
 BIN = Path(sys.executable).parent
 MPIEXEC = str(BIN / "mpiexec")
@@ -26,7 +26,7 @@ def mpi_env(timeout: int = 120) -> dict[str, str]:
 
 
 def mpich_segments() -> set[str]:
-    """MPICH start-up segments in /dev/shm now (see pgc_mpi.runtime.shm)."""
+    """MPICH start-up segments in /dev/shm now (see pgc_mpi.job.shm)."""
     return {p.name for p in Path("/dev/shm").glob("mpich_*")} if Path("/dev/shm").is_dir() else set()
 
 
@@ -44,7 +44,7 @@ def run_train(ranks: int, args: list[str], timeout: int = 120, cwd: Path | None 
     """`mpiexec -n RANKS python -m pgc_mpi train ARGS`, bounded by MPIEXEC_TIMEOUT and a subprocess timeout.
 
     However the job ends (finished, stopped, aborted, a rank killed), it must not leave an MPICH
-    start-up segment in /dev/shm: a leaked one hangs a later job in MPI_Init (pgc_mpi.runtime.shm).
+    start-up segment in /dev/shm: a leaked one hangs a later job in MPI_Init (pgc_mpi.job.shm).
     """
     return run_mpi(ranks, ["-m", "pgc_mpi", "train", *args], timeout, cwd)
 

@@ -1,7 +1,7 @@
 """How much memory each rank of a run will allocate, from its configuration and the model's size.
 
 pgc-train compares it, node by node, with what the ranks may still use before it allocates
-(pgc_mpi.runtime.checks.memory_fits), so that a model too large for the machine ends in one
+(pgc_mpi.job.checks.memory_fits), so that a model too large for the machine ends in one
 line instead of an OOM kill minutes later. The estimate counts the arrays whose size grows with
 the model, by rank role; the process itself (Python, NumPy, MPI, torch) is already resident when
 the check runs and is not counted. With D parameters, a server's shard of D/K, b bytes per

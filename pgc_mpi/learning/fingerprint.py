@@ -3,7 +3,7 @@
 Exact decoding assumes that every holder of a partition computes its gradient on the same rows.
 A script that draws its data without a seed (`np.random.default_rng()`) gives every rank other
 data, and the decoded gradient is then silently wrong; a resume on other data silently continues
-another run. Both are caught by comparing fingerprints (pgc_mpi.runtime.checks.same_data across
+another run. Both are caught by comparing fingerprints (pgc_mpi.job.checks.same_data across
 ranks, pgc_mpi.runs.run_folder.check_same_data against config.json).
 
 - arrays (NumPy, torch tensors, `(x, y)` pairs of them): a hash of every byte, with each array's

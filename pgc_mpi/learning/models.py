@@ -153,7 +153,7 @@ class TorchProblem:
         self.flat = FlatParams(self.module, self.dtype, self.device, staged, pinned)
         self.has_buffers = any(True for _ in self.module.buffers())
         self.dim = self.flat.dim
-        # the parameters' shapes in order: every rank must build the same (pgc_mpi.runtime.train checks)
+        # the parameters' shapes in order: every rank must build the same (pgc_mpi.job.checks.same_model checks)
         self.param_shapes = [tuple(p.shape) for p in self.module.parameters()]
         self.batch_size, self.seed, self.eval_train = batch_size, seed, eval_train or info.num_test == 0
         self.partitions = partition_indices(info.num_train, n, seed)

@@ -66,7 +66,7 @@ class Recipe:
 
 def make_update(cfg: Any, w: np.ndarray, problem: Any = None, objects: Any = None, **overrides: Any) -> FlatOptimizer:
     """The update a configuration asks for over `w`: its built-in optimizer and schedule, or the
-    factories `objects` holds (pgc_mpi.runtime.train.RecipeObjects: what pgc_mpi.fit was given)
+    factories `objects` holds (pgc_mpi.job.recipe.RecipeObjects: what pgc_mpi.fit was given)
     or its --optimizer / --scheduler PATH:NAME name (imported here), on `problem`'s model.
     `overrides` change the recipe (Recipe.of)."""
     from .plugins import is_spec, load_object

@@ -13,10 +13,10 @@ from torch import nn
 
 import pgc_mpi
 from pgc_mpi.commands.export import main
+from pgc_mpi.job.fitting import FitResult
 from pgc_mpi.learning.models import torch_problem
 from pgc_mpi.learning.optim import FlatOptimizer
 from pgc_mpi.runs import checkpoint
-from pgc_mpi.runtime.fitting import FitResult
 
 
 def bn_model() -> nn.Module:

@@ -8,8 +8,8 @@ import pytest
 
 from pgc_mpi.config import TrainConfig, config_from_args
 from pgc_mpi.config.memory import MiB, rank_need, synthetic_size, torch_size
+from pgc_mpi.job.checks import available_memory
 from pgc_mpi.runs.run_folder import MAY_CHANGE_ON_RESUME
-from pgc_mpi.runtime.checks import available_memory
 
 D = 10_000_000
 

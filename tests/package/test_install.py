@@ -10,7 +10,7 @@ from pathlib import Path
 from pgc_mpi.commands import plot
 from pgc_mpi.commands.bench import main as bench
 from pgc_mpi.config import tomllib
-from pgc_mpi.runtime import entry
+from pgc_mpi.job import entry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ def test_mpi_library_found_here():
 
 
 def test_pgc_train_without_an_mpi_library_says_so_in_one_line():
-    code = "import pgc_mpi.runtime.entry as e; e.mpi_loads = lambda: False; e.train()"
+    code = "import pgc_mpi.job.entry as e; e.mpi_loads = lambda: False; e.train()"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.splitlines() == [entry.MPI_MISSING]

@@ -1,9 +1,10 @@
 """The house's rules, read from the code: each folder of pgc_mpi is one layer, a layer imports only
-the layers below it, only the runtime imports mpi4py, the core imports no torch or h5py, and no
-modules import each other in a circle (lazy imports inside functions count; imports only for type
-checkers, under `if TYPE_CHECKING:`, do not count for the layers but do for circles: a circle
-through them is still two modules that each need the other). docs/layout.md states the same rules
-for readers."""
+the layers below it (the job, pgc-train and pgc_mpi.fit, is above the runtime, its step loop and
+wire: the runtime never imports the job), only the runtime and the job import mpi4py, the core
+imports no torch or h5py, and no modules import each other in a circle (lazy imports inside
+functions count; imports only for type checkers, under `if TYPE_CHECKING:`, do not count for the
+layers but do for circles: a circle through them is still two modules that each need the other).
+docs/layout.md states the same rules for readers."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ ALLOWED = {  # layer -> the pgc_mpi layers it may import
     "runs": {"base", "core", "learning", "config"},
     "sim": set(BELOW),
     "runtime": set(BELOW),
+    "job": {*BELOW, "runtime"},
     "commands": {*BELOW, "sim"},
-    "api": {*BELOW, "sim", "runtime", "commands"},  # pgc_mpi/__init__.py and __main__.py, lazily
+    "api": {*BELOW, "sim", "runtime", "job", "commands"},  # pgc_mpi/__init__.py and __main__.py, lazily
 }
 FORBIDDEN = {  # layer -> third-party packages it must not import, anywhere in its code
     "core": {"torch", "mpi4py", "h5py"},

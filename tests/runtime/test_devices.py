@@ -1,4 +1,4 @@
-"""Device selection (pgc_mpi.runtime.devices): the pure rules with injected inputs, and the CPU-side wrappers.
+"""Device selection (pgc_mpi.job.devices): the pure rules with injected inputs, and the CPU-side wrappers.
 
 No test needs a GPU: plan_device, local_rank_from_env and visible_gpus take everything
 as arguments, and select_device's torch query is patched where a GPU count other than this
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pgc_mpi.errors import ConfigError, PgcError
-from pgc_mpi.runtime.devices import (
+from pgc_mpi.job.devices import (
     DEVICE_CHOICES,
     LOCAL_RANK_VARIABLES,
     DevicePlan,
@@ -411,7 +411,7 @@ def test_visible_gpus(raw, expected):
 
 
 def test_select_cpu_does_not_import_torch_or_mpi4py():
-    code = ("import sys; from pgc_mpi.runtime.devices import select_device; plan = select_device('cpu', 'worker'); "
+    code = ("import sys; from pgc_mpi.job.devices import select_device; plan = select_device('cpu', 'worker'); "
             "assert plan.kind == 'cpu'; assert 'torch' not in sys.modules, 'torch'; "
             "assert 'mpi4py' not in sys.modules, 'mpi4py'")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

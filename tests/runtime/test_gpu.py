@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from pgc_mpi.job.devices import select_device
 from pgc_mpi.learning.datasets import load_digits
 from pgc_mpi.learning.models import TorchProblem
-from pgc_mpi.runtime.devices import select_device
 
 from helpers import run_train
 

@@ -97,17 +97,18 @@ def test_the_flags_win_over_the_checkpoint_s_learning_rate(tmp_path, caplog):
 
 def test_an_unexpected_set_up_error_is_one_line_for_every_rank(monkeypatch, capsys, tmp_path):
     from pgc_mpi.config import config_from_args
+    from pgc_mpi.job import startup
+    from pgc_mpi.job.recipe import RecipeObjects
     from pgc_mpi.runs import run_lock
-    from pgc_mpi.runtime import train
 
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire\nsecond line")
 
-    monkeypatch.setattr(train, "_problem", broken)
-    cfg = train._configure(lambda: config_from_args(["--steps", "3", "--out", str(tmp_path / "run")]), ranks=5,
-                           prog="pgc-train")
+    monkeypatch.setattr(startup, "build_problem", broken)
+    cfg = startup.configure(lambda: config_from_args(["--steps", "3", "--out", str(tmp_path / "run")]), ranks=5,
+                            prog="pgc-train")
     try:
-        assert train._outcome(lambda: train._prepare(cfg, 4, None, None, train.RecipeObjects())) == (1, None)
+        assert startup.attempt(lambda: startup.prepare(cfg, 4, None, None, RecipeObjects())) == (1, None)
     finally:
         run_lock.release_all()
     err = capsys.readouterr().err

@@ -65,7 +65,7 @@ def test_a_model_too_large_for_the_node_is_refused_in_seconds_before_allocating(
     """Before: --dim 300000000 on 4 ranks waited at step 0 until the OOM killer ended a rank (exit
     9, after 167 s). The dim here makes each vector a quarter of what this machine has available,
     so the master alone would need twice that."""
-    from pgc_mpi.runtime.checks import available_memory
+    from pgc_mpi.job.checks import available_memory
 
     dim = int(available_memory()[0] / 4 / 4)  # float32
     out = tmp_path / "run"

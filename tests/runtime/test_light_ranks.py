@@ -224,7 +224,7 @@ def test_a_checkpoint_knows_its_problem(tmp_path):
 
 
 def test_a_rank_record_says_whether_torch_is_loaded():
-    code = ("import json; from pgc_mpi.runtime import provenance; a = provenance.rank_record(); import torch; "
+    code = ("import json; from pgc_mpi.job import provenance; a = provenance.rank_record(); import torch; "
             "b = provenance.rank_record(); print(json.dumps([a, b]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     before, after = json.loads(proc.stdout)
@@ -275,7 +275,7 @@ def test_a_float64_dgd_run_follows_gradient_descent(tmp_path):
 def test_a_noisy_pgc_cr_run_is_replayed_exactly_by_the_simulator(tmp_path):
     """Minibatch noise seeded by (seed, partition, draw): the MPI run's parameters, step by step,
     are the simulator's replay of its arrivals on a Quadratic built here."""
-    from pgc_mpi.sim.simulator import replay
+    from pgc_mpi.sim.replay import replay
 
     out = tmp_path / "run"
     proc = run_train(4, ["--scheme", "pgc-cr", "-s", "1", "--problem", "quadratic", "--dim", "300", "--samples", "90",

@@ -246,15 +246,15 @@ def test_configure_logging_level_and_log_dir(tmp_path, pgc_log):
 def test_a_log_dir_that_cannot_be_created_is_a_config_error(tmp_path):
     """Rank 0 creates --log-dir while it checks the flags: a failure is one line and exit status 2 everywhere."""
     from pgc_mpi.errors import ConfigError
+    from pgc_mpi.job import startup
     from pgc_mpi.runs import run_lock
-    from pgc_mpi.runtime import train
 
     (tmp_path / "a-file").touch()
     with pytest.raises(ConfigError, match=r"^--log-dir \S+/a-file/logs: cannot create the directory: Not a directory"):
-        train._configure(lambda: config_from_args(["--steps", "3", "--out", str(tmp_path / "run"), "--log-dir",
-                                                   str(tmp_path / "a-file/logs")]),
-                         ranks=5, prog="pgc-train")
-    train._configure(lambda: config_from_args(["--steps", "3", "--out", str(tmp_path / "run"), "--log-dir",
-                                               str(tmp_path / "logs")]), ranks=5, prog="pgc-train")
+        startup.configure(lambda: config_from_args(["--steps", "3", "--out", str(tmp_path / "run"), "--log-dir",
+                                                    str(tmp_path / "a-file/logs")]),
+                          ranks=5, prog="pgc-train")
+    startup.configure(lambda: config_from_args(["--steps", "3", "--out", str(tmp_path / "run"), "--log-dir",
+                                                str(tmp_path / "logs")]), ranks=5, prog="pgc-train")
     run_lock.release_all()
     assert (tmp_path / "logs").is_dir()

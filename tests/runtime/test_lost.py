@@ -57,8 +57,8 @@ def test_a_fault_naming_a_worker_a_restart_lacks_is_dropped_but_a_fresh_start_re
     from pgc_mpi.config import TrainConfig
     from pgc_mpi.core.faults import parse_faults
     from pgc_mpi.errors import ConfigError
+    from pgc_mpi.job.startup import configure
     from pgc_mpi.runs import run_lock
-    from pgc_mpi.runtime.train import _configure
 
     assert parse_faults("die:2@100+nan:0@5", 2, elastic=True) == [Fault("nan", 0, 5)]
     with pytest.raises(ConfigError, match="worker id 2 is outside 0..1"):
@@ -67,6 +67,6 @@ def test_a_fault_naming_a_worker_a_restart_lacks_is_dropped_but_a_fresh_start_re
     cfg.validate(2)  # a resume may be a restart on fewer workers: whether it is one, the folder says
     try:
         with pytest.raises(ConfigError, match="worker id 2 is outside 0..1"):
-            _configure(lambda: cfg, ranks=3, prog="pgc-train")
+            configure(lambda: cfg, ranks=3, prog="pgc-train")
     finally:
         run_lock.release_all()

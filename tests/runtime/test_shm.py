@@ -1,4 +1,4 @@
-"""Stale MPICH start-up segments: removed only when provably stale (see pgc_mpi.runtime.shm): MPICH's exact name and
+"""Stale MPICH start-up segments: removed only when provably stale (see pgc_mpi.job.shm): MPICH's exact name and
 mode, our own, old, and neither open nor mapped by any process (by inode, and by the kernel's lease), and
 never where this process cannot see every process on the node."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pgc_mpi.runtime import shm
+from pgc_mpi.job import shm
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
 
@@ -220,7 +220,7 @@ def test_a_user_who_cannot_read_other_users_processes_relies_on_the_kernel_lease
     try:
         time.sleep(0.5)  # let it open the file
         # import first: root's venv
-        code = ("import os, sys\nfrom pathlib import Path\nfrom pgc_mpi.runtime import shm\n"
+        code = ("import os, sys\nfrom pathlib import Path\nfrom pgc_mpi.job import shm\n"
                 f"os.setgroups([])\nos.setgid({OTHER_UID})\nos.setuid({OTHER_UID})\n"
                 "print([p.name for p in shm.remove_stale(Path(sys.argv[1]))])\n")
         env = {k: v for k, v in os.environ.items() if k != "PGC_SHM_CLEANUP"}
@@ -251,13 +251,13 @@ def _unshare_pid() -> list[str]:
 def test_inside_a_pid_namespace_nothing_is_removed_and_it_says_why(shm_dir):
     cmd = _unshare_pid()
     stale = _segment(shm_dir, "mpich_shm_eb421bf2_0")
-    proc = subprocess.run([*cmd, sys.executable, "-m", "pgc_mpi.runtime.shm", "--dir", str(shm_dir)],
+    proc = subprocess.run([*cmd, sys.executable, "-m", "pgc_mpi.job.shm", "--dir", str(shm_dir)],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert stale.exists()
     assert proc.stderr.count("\n") == 1 and "pgc: not removing 1 possibly stale" in proc.stderr
     assert "PID namespace" in proc.stderr
-    outside = subprocess.run([sys.executable, "-m", "pgc_mpi.runtime.shm", "--dir", str(shm_dir)], capture_output=True,
+    outside = subprocess.run([sys.executable, "-m", "pgc_mpi.job.shm", "--dir", str(shm_dir)], capture_output=True,
                              text=True, timeout=60, cwd=ROOT)  # on the host it goes
     assert "removed 1 stale MPICH shared-memory segment(s)" in outside.stderr and not stale.exists()
 
@@ -279,7 +279,7 @@ def test_missing_directory_is_nothing_to_do(tmp_path):
 def test_command_line_reports_what_it_removed(tmp_path):
     _segment(tmp_path, "mpich_shm_feed_0")
     env = dict(os.environ, **{shm.ENV_SWITCH: "0"})  # turns off only the automatic clean-up, not this one
-    proc = subprocess.run([sys.executable, "-m", "pgc_mpi.runtime.shm", "--dir", str(tmp_path)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "pgc_mpi.job.shm", "--dir", str(tmp_path)], capture_output=True,
                           text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     if os.geteuid() != 0:  # root's processes are unreadable to an ordinary user: it removes nothing, and says so
