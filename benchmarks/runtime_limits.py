@@ -31,10 +31,10 @@ import numpy as np
 from mpi4py import MPI
 
 from pgc_mpi.core.message import Layout, gradient_header
+from pgc_mpi.core.shards import shard_bounds
 from pgc_mpi.core.wire import WIRE_DTYPES, wire_format
 from pgc_mpi.job import shm
 from pgc_mpi.learning.optim import FlatOptimizer
-from pgc_mpi.runtime.servers import shard_bounds
 from pgc_mpi.runtime.transport import MasterTransport, WorkerTransport, duplicate_world
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from ..config import TrainConfig
+from ..core.shards import shard_bounds
 from ..core.wire import wire_format
 from ..errors import PgcError
 from ..learning.plugins import is_spec
-from ..runtime.servers import shard_bounds
 
 
 @dataclass(frozen=True)

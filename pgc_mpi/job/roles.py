@@ -14,6 +14,7 @@ import numpy as np
 
 from ..config import TrainConfig
 from ..core.message import Layout
+from ..core.shards import shard_bounds
 from ..core.stragglers import DelayModel
 from ..core.wire import WireFormat
 from ..errors import PgcError
@@ -21,7 +22,6 @@ from ..runs.metrics import MetricsWriter
 from ..runtime import signals
 from ..runtime.heartbeat import heartbeat_interval
 from ..runtime.links import FollowerLink, LeaderLink
-from ..runtime.servers import shard_bounds
 from ..runtime.transport import MasterTransport, WorkerTransport, abort
 from ..runtime.worker import WorkerSettings, run_worker
 from . import provenance

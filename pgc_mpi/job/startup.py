@@ -14,10 +14,10 @@ from pathlib import Path
 
 from ..config import TrainConfig
 from ..core.faults import parse_faults
+from ..core.shards import shard_bounds
 from ..errors import ConfigError, PgcError
 from ..runs import run_folder, run_lock
 from ..runs.metrics import make_log_dir
-from ..runtime.servers import shard_bounds
 from . import provenance
 from .checks import memory_fits, one_line, problem_size, say
 from .devices import DevicePlan, select_device

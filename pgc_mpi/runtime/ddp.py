@@ -72,6 +72,7 @@ from ..core.collector import make_collector
 from ..core.message import Message
 from ..core.schemes import CodedScheme, make_scheme
 from ..core.stragglers import DelayModel
+from ..core.totals import RunTotals
 from ..errors import PgcError
 from ..learning.models import TorchProblem
 from ..learning.optim import make_update
@@ -79,7 +80,6 @@ from ..runs.metrics import MetricsWriter, Progress, master_times
 from .control import ControlSettings
 from .drop_threshold import threshold_chooser, threshold_watch
 from .links import PeerInbox, PeerReporter
-from .master import RunTotals
 from .transport import barrier, duplicate_world
 from .worker import Dropping, injected_delay, pad_compute
 

@@ -25,6 +25,7 @@ import torch
 from ..core.collector import Decoded, make_collector
 from ..core.message import Message
 from ..core.schemes import CodedScheme, PbsScheme
+from ..core.totals import RunTotals
 from ..core.traits import traits
 from ..core.wire import DECODE_ERROR_WARNING
 from ..errors import Diverged, NotDecodable, PgcError
@@ -68,21 +69,6 @@ class MasterSettings:
     def update_recipe(self) -> Recipe:
         """The recipe of the update: `recipe`, or the built-in `optimizer` at a constant `lr`."""
         return self.recipe or Recipe(optimizer=self.optimizer, lr=self.lr, momentum=self.momentum, steps=self.steps)
-
-
-@dataclass
-class RunTotals:
-    """Counters for the final summary."""
-
-    steps: int = 0
-    skipped: int = 0  # worker-steps whose message did not enter the update
-    late: int = 0
-    rejected: int = 0  # over --max-staleness
-    deadline_missed: int = 0
-    rejected_messages: int = 0  # malformed or non-finite: never let into the model
-    diverged: str | None = None  # why training stopped on non-finite numbers
-    lost: list[int] | None = None  # the lost workers, when the run ended because a step needed them
-    abandoned: int = 0  # jobs the workers dropped (--abandon-late)
 
 
 class Master(PbsFollowing):

@@ -52,11 +52,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ConfigError, PgcError
+from ..errors import PgcError
 from .links import TAG_TABLE, FollowerLink, LeaderLink
 from .transport import Backoff
 
-if TYPE_CHECKING:  # a worker imports this module for shard_bounds: it must not load torch (light ranks)
+if TYPE_CHECKING:  # importing this module loads no torch (slice_state and merge_states import it when they run)
     import torch
 
     from ..runs.checkpoint import Checkpoint
@@ -76,20 +76,6 @@ def float_bits(value: float) -> int:
 def bits_float(bits: int) -> float:
     """The float64 whose bits `bits` are (float_bits' inverse)."""
     return float(np.array([bits], dtype=np.int64).view(np.float64)[0])
-
-
-def shard_bounds(dim: int, servers: int) -> list[slice]:
-    """The K contiguous shards of a `dim`-vector, as equal as can be (the first ones one longer)."""
-    if servers > dim:
-        raise ConfigError(f"--servers {servers} is more than the model's {dim} parameters: every server holds at "
-                          f"least one; use --servers {dim} or fewer")
-    base, extra = divmod(dim, servers)
-    bounds, lo = [], 0
-    for k in range(servers):
-        hi = lo + base + (k < extra)
-        bounds.append(slice(lo, hi))
-        lo = hi
-    return bounds
 
 
 def slice_state(state: dict[str, Any], shard: slice, dim: int) -> dict[str, Any]:
@@ -311,7 +297,7 @@ class FollowerControl:
 
 
 def server_report(server: int, totals, bytes_received: int) -> dict[str, Any]:
-    """What one server received and did (a pgc_mpi.runtime.master.RunTotals): an entry of the summary's `servers`."""
+    """What one server received and did (a pgc_mpi.core.totals.RunTotals): an entry of the summary's `servers`."""
     return {"server": server, "steps": totals.steps, "bytes_received": bytes_received,
             "stragglers_skipped": totals.skipped, "late_messages": totals.late, "rejected_stale": totals.rejected,
             "deadline_missed": totals.deadline_missed}

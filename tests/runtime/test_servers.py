@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pgc_mpi.config import TrainConfig
+from pgc_mpi.core.shards import shard_bounds
 from pgc_mpi.core.table import PartitionTable
 from pgc_mpi.errors import ConfigError
 from pgc_mpi.learning.diagnostics import TableDiagnostics
@@ -25,7 +26,6 @@ from pgc_mpi.runtime.servers import (
     bits_float,
     float_bits,
     merge_states,
-    shard_bounds,
     slice_state,
 )
 from pgc_mpi.runtime.tags import TAG_TABLE
