@@ -230,17 +230,7 @@ def _simulate_one(exp: dict[str, Any], key: RunKey, out: Path) -> tuple[int, flo
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `pgc-bench`."""
-    p = argparse.ArgumentParser(prog="pgc-bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", type=Path, help="experiment TOML file")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default: bench/<experiment name>)")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--dry-run", action="store_true", help="list the runs and exit")
-    mode.add_argument("--count", action="store_true", help="print the number of runs (for a job array) and exit")
-    mode.add_argument("--run-index", type=int, default=None, metavar="K",
-                      help="run only the K-th run (0-based; a job array task) and write no table")
-    mode.add_argument("--gather", action="store_true", help="only summarize the runs already in --out")
-    args = p.parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
         exp = load_experiment(args.experiment)
         runs = plan(exp)
@@ -273,6 +263,35 @@ def main(argv: list[str] | None = None) -> int:
     except PgcError as exc:
         print(f"pgc-bench: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        failed = _run_each(exp, out, chosen, reusable)
+    except PgcError as exc:  # a run's folder is another run's now: this campaign must not write there
+        print(f"\npgc-bench: error: {exc}", file=sys.stderr)
+        return 2
+    if args.run_index is not None:
+        return 1 if failed else 0
+    return 1 if gather(exp, out, todo) or failed else 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    """pgc-bench's command line: the experiment, --out, and at most one of the modes."""
+    p = argparse.ArgumentParser(prog="pgc-bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiment", type=Path, help="experiment TOML file")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default: bench/<experiment name>)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="list the runs and exit")
+    mode.add_argument("--count", action="store_true", help="print the number of runs (for a job array) and exit")
+    mode.add_argument("--run-index", type=int, default=None, metavar="K",
+                      help="run only the K-th run (0-based; a job array task) and write no table")
+    mode.add_argument("--gather", action="store_true", help="only summarize the runs already in --out")
+    return p
+
+
+def _run_each(exp: dict[str, Any], out: Path, chosen: list[RunKey], reusable: set[RunKey]) -> int:
+    """Run the chosen runs one after another, a progress line each (those finished before are
+    reused, not run again); returns how many failed. PgcError, at once, for a run whose folder
+    is another run's."""
     failed = 0
     for k, key in enumerate(chosen, start=1):
         run_dir = run_dir_of(out, exp, key)
@@ -280,16 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         if key in reusable:
             print("finished before, reused", flush=True)
             continue
-        try:
-            rc, took = run_one(exp, key, run_dir)
-        except PgcError as exc:  # its folder is another run's now: this campaign must not write there
-            print(f"\npgc-bench: error: {exc}", file=sys.stderr)
-            return 2
+        rc, took = run_one(exp, key, run_dir)
         failed += rc != 0
         print(f"done in {took:.0f} s" if rc == 0 else f"FAILED (exit {rc}; see {run_dir / 'log.txt'})", flush=True)
-    if args.run_index is not None:
-        return 1 if failed else 0
-    return 1 if gather(exp, out, todo) or failed else 0
+    return failed
 
 
 def _reusable(exp: dict[str, Any], out: Path, keys: list[RunKey]) -> set[RunKey]:

@@ -74,6 +74,23 @@ def draw(runs: list[Path], out: Path, target: float | None = None) -> list[Path]
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
+    loaded = _load_runs(runs)
+    all_s = sorted({c["config"].get("stragglers", 0) for _, c, *_ in loaded})
+    title = _title(loaded) if loaded else ""
+    written = [_draw_loss(plt, loaded, all_s, title, out / name, xlabel, index, target)
+               for name, xlabel, index in (("loss_vs_steps.png", "step", 0), ("loss_vs_time.png", "wall time (s)", 1))]
+    written.append(_draw_step_times(plt, loaded, title, out / "step_times.png"))
+    written.append(_draw_staleness(plt, loaded, all_s, title, out / "staleness.png"))
+    tables = [(label, steps) for label, _, steps, _, _ in loaded if any("grad_norm_sq" in r for r in steps)]
+    if tables:
+        written.append(_draw_decomposition(plt, tables, out / "pbs_decomposition.png"))
+    return written
+
+
+def _load_runs(runs: list[Path]) -> list[tuple]:
+    """(name, config, steps, evals, status) of every run that can be read; a run that cannot is
+    skipped with a line on stderr (RunDataError when none can), and so is said of a run whose
+    per-message detail is partly lost."""
     loaded, unreadable = [], []
     for d in runs:
         try:
@@ -89,44 +106,49 @@ def draw(runs: list[Path], out: Path, target: float | None = None) -> list[Path]
         note = lost_detail_note(name, steps)
         if note:
             print(f"pgc-plot: {note}", file=sys.stderr)
-    all_s = sorted({c["config"].get("stragglers", 0) for _, c, *_ in loaded})
-    title = _title(loaded) if loaded else ""
-    written = []
-    for name, xlabel, index in (("loss_vs_steps.png", "step", 0), ("loss_vs_time.png", "wall time (s)", 1)):
-        fig, ax = plt.subplots(figsize=(8, 5))
-        labelled: set[str] = set()
-        for _, config, steps, evals, status in loaded:
-            pts = curve(steps, evals)
-            style = _style(config, all_s)
-            key = f"{config['config']['scheme']} s={config['config'].get('stragglers')}"
-            ax.plot(pts[index], pts[2], lw=1, label=None if key in labelled else key, **style)
-            labelled.add(key)
-            if status != "completed" and pts[index]:
-                ax.plot(pts[index][-1], pts[2][-1], marker="x", ms=9, color=style["color"])
-        if target is not None:
-            ax.axhline(target, color="black", lw=0.8, ls=(0, (1, 3)), label=f"target {target:g}")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("training loss (full set)" if loaded and loaded[0][3] and "train_loss" in loaded[0][3][0]
-                      else "test loss")
-        ax.set_yscale("log")
-        ax.set_title(title + ("  (x: run did not complete)" if any(r[4] != "completed" for r in loaded) else ""),
-                     fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=120)
-        plt.close(fig)
-        written.append(out / name)
+    return loaded
+
+
+def _draw_loss(plt, loaded: list[tuple], all_s: list[int], title: str, path: Path, xlabel: str, index: int,
+               target: float | None) -> Path:
+    """The runs' loss against the step (`index` 0) or the wall time (1), each run's end marked with
+    an x when it did not complete."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    labelled: set[str] = set()
+    for _, config, steps, evals, status in loaded:
+        pts = curve(steps, evals)
+        style = _style(config, all_s)
+        key = f"{config['config']['scheme']} s={config['config'].get('stragglers')}"
+        ax.plot(pts[index], pts[2], lw=1, label=None if key in labelled else key, **style)
+        labelled.add(key)
+        if status != "completed" and pts[index]:
+            ax.plot(pts[index][-1], pts[2][-1], marker="x", ms=9, color=style["color"])
+    if target is not None:
+        ax.axhline(target, color="black", lw=0.8, ls=(0, (1, 3)), label=f"target {target:g}")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("training loss (full set)" if loaded and loaded[0][3] and "train_loss" in loaded[0][3][0]
+                  else "test loss")
+    ax.set_yscale("log")
+    ax.set_title(title + ("  (x: run did not complete)" if any(r[4] != "completed" for r in loaded) else ""),
+                 fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(plt, fig, path)
+
+
+def _draw_step_times(plt, loaded: list[tuple], title: str, path: Path) -> Path:
+    """A box plot of each run's step times."""
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(loaded)), 4.5))
     ax.boxplot([[r["step_time"] for r in steps] for _, _, steps, _, _ in loaded], showfliers=False)
     ax.set_xticks(range(1, len(loaded) + 1), [label for label, *_ in loaded], rotation=45, ha="right", fontsize=7)
     ax.set_ylabel("step time (s)")
     ax.set_title(title, fontsize=8)
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(out / "step_times.png", dpi=120)
-    plt.close(fig)
-    written.append(out / "step_times.png")
+    return _save(plt, fig, path)
+
+
+def _draw_staleness(plt, loaded: list[tuple], all_s: list[int], title: str, path: Path) -> Path:
+    """A histogram per run of its steps' max staleness."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, config, steps, _, _ in loaded:
         ages = [r["max_staleness"] for r in steps]
@@ -135,14 +157,15 @@ def draw(runs: list[Path], out: Path, target: float | None = None) -> list[Path]
     ax.set_ylabel("steps")
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=6, ncol=2)
+    return _save(plt, fig, path)
+
+
+def _save(plt, fig, path: Path) -> Path:
+    """Write a finished figure as a PNG and free it (pyplot keeps every open figure)."""
     fig.tight_layout()
-    fig.savefig(out / "staleness.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    written.append(out / "staleness.png")
-    tables = [(label, steps) for label, _, steps, _, _ in loaded if any("grad_norm_sq" in r for r in steps)]
-    if tables:
-        written.append(_draw_decomposition(plt, tables, out / "pbs_decomposition.png"))
-    return written
+    return path
 
 
 def draw_ratios(rows: list[dict], out: Path, title: str) -> Path:
@@ -169,11 +192,7 @@ def draw_ratios(rows: list[dict], out: Path, title: str) -> Path:
         ax.set_ylabel("time to target / dgd's (same seed)")
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    path = out / "time_vs_dgd.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "time_vs_dgd.png")
 
 
 def _draw_decomposition(plt, runs: list[tuple[str, list[dict]]], path: Path) -> Path:
@@ -197,10 +216,7 @@ def _draw_decomposition(plt, runs: list[tuple[str, list[dict]]], path: Path) -> 
     bottom.set_xlabel("step")
     bottom.set_ylabel("mean ||w_t - w_v||^2 over the table")
     bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
