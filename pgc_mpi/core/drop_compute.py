@@ -39,7 +39,7 @@ def micro_batches_done(job: float, micro_batches: int, threshold: float) -> int:
 
 
 def stop_after(done: int) -> Callable[[int], bool]:
-    """An Accumulated problem's `between` that stops after `done` micro-batches."""
+    """An Accumulated problem's `stop` hook that stops after `done` micro-batches."""
     return lambda computed: computed >= done
 
 

@@ -306,15 +306,19 @@ class Accumulated:
     def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
         return self.loss_and_grad(w, partition, draw)[1]
 
-    def loss_and_grad(self, w: np.ndarray, partition: int, draw: int,
-                      between: Callable[[int], bool | None] | None = None) -> tuple[float, np.ndarray]:
-        """`between(j)` is called after j micro-batches (0 < j < K): it may raise (--abandon-late's
-        check points), and a true answer stops there (--drop-compute): the gradient is then the sum
-        of the j micro-batches' over K, the loss their mean."""
+    def loss_and_grad(self, w: np.ndarray, partition: int, draw: int, check: Callable[[int], None] | None = None,
+                      stop: Callable[[int], bool] | None = None) -> tuple[float, np.ndarray]:
+        """Two hooks, each called after j micro-batches (0 < j < K): `check(j)` may raise (a check
+        point of --abandon-late), and a true `stop(j)` stops there (--drop-compute): the gradient is
+        then the sum of the j micro-batches' over K, the loss their mean."""
         k = self.micro_batches
         loss, total = self.inner.loss_and_grad(w, partition, k * draw)
         done = 1
-        while done < k and not (between is not None and between(done)):
+        while done < k:
+            if check is not None:
+                check(done)
+            if stop is not None and stop(done):
+                break
             more, grad = self.inner.loss_and_grad(w, partition, k * draw + done)
             loss += more
             total += grad

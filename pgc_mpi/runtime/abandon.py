@@ -11,17 +11,14 @@ travels, and the master's gradient buffers never see them.
 The notice is tested with Iprobe at check points only, never polled: a worker pays a few
 microseconds per check point and nothing between them. Where dropping costs a gradient later (a
 pipelined slot past the staleness bound), the worker drops the job only where more of it is left
-than one partition gradient (pgc_mpi.core.abandon.abandon_margin): JobCheck.
+than one partition gradient (pgc_mpi.core.abandon.abandon_margin): pgc_mpi.runtime.worker_job.
 """
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from mpi4py import MPI
 
-from ..core.abandon import abandon_margin, check_points, worth_abandoning
 from .tags import TAG_ABANDONED, TAG_DECIDED
 
 
@@ -99,32 +96,3 @@ class DecidedWatch:
     def drain(self) -> None:
         """Receive the notices still on their way (at the end: none is left unreceived)."""
         self._drain()
-
-
-class JobCheck:
-    """One job's check points: raise Abandoned once every server has decided the job's step, if
-    enough of the job is left to be worth dropping (pgc_mpi.core.abandon.abandon_margin; `drop_costs`:
-    whether dropping it costs a gradient later, pgc_mpi.core.abandon.drop_costs_a_gradient)."""
-
-    def __init__(self, watch: DecidedWatch, step: int, drop_costs: bool, began: float, gradients: int,
-                 micro_batches: int, compute_floor: float, delay: float):
-        self.watch, self.step, self.drop_costs = watch, step, drop_costs
-        self.began, self.gradients, self.micro_batches = began, gradients, gradients * micro_batches
-        self.compute_floor, self.delay = compute_floor, delay  # --compute-time's share of the job, its delay
-
-    def computed(self, done: int) -> None:
-        """A check point of the real computation, after `done` of the job's micro-batches: the
-        job's compute is their pace extrapolated (at least its --compute-time), its delay after."""
-        now = time.perf_counter()
-        compute = max((now - self.began) * self.micro_batches / done, self.compute_floor)
-        self.at(self.began + compute + self.delay - now, compute / self.gradients)
-
-    def at(self, left: float, gradient_time: float) -> None:
-        """A check point with `left` seconds of the job still to run, of `gradient_time` a gradient."""
-        if self.watch.decided(self.step) and worth_abandoning(left, abandon_margin(self.drop_costs, gradient_time)):
-            raise Abandoned(self.step)
-
-
-def remaining_check_points(began: float, until: float, micro_batches: int, now: float) -> list[float]:
-    """The job's check points (pgc_mpi.core.abandon.check_points) still ahead of `now`."""
-    return [p for p in check_points(began, until, micro_batches) if p > now]

@@ -69,6 +69,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..config import TrainConfig
 from ..core.collector import make_collector
+from ..core.jobs import Job
 from ..core.message import Message
 from ..core.schemes import CodedScheme, make_scheme
 from ..core.stragglers import DelayModel
@@ -81,7 +82,7 @@ from .control import ControlSettings
 from .drop_threshold import threshold_chooser, threshold_watch
 from .links import PeerInbox, PeerReporter
 from .transport import barrier, duplicate_world
-from .worker import Dropping, injected_delay, pad_compute
+from .worker_job import WorkerJob
 
 log = logging.getLogger("pgc_mpi")
 
@@ -147,31 +148,30 @@ def connect(comm, problem: TorchProblem) -> Peers:
 
 @dataclass
 class _StepClock:
-    """The communication hook's state for one step: when it began, how long the local gradient took
+    """The communication hook's state for one step: its job (pgc_mpi.runtime.worker_job: the
+    emulated compute floor and delay, DropCompute's stop), how long the local gradient took
     (`real_compute_time`; `compute_time` with --compute-time's floor) and the delay slept."""
 
     worker: int
     delays: DelayModel
     floor: float | None  # --compute-time: the least a partition gradient takes (None: as long as it takes)
-    step: int = 0
-    began: float = 0.0
+    micro_batches: int = 1
+    job: WorkerJob | None = None
     real_compute_time: float = 0.0
     compute_time: float = 0.0
     slept: float = 0.0
 
-    def begin(self, step: int) -> None:
-        self.step, self.began = step, time.perf_counter()
+    def begin(self, step: int, threshold: float | None = None) -> WorkerJob:
+        """The step's job begins now (`threshold`: --drop-compute's, None without)."""
+        self.job = WorkerJob(Job(self.worker, step, (0,), time.perf_counter(), self.delays.delay(self.worker, step),
+                                 self.floor, self.micro_batches, threshold=threshold))
+        return self.job
 
-    def job(self) -> float:
-        """The step's emulated job (--compute-time's floor and the injected delay), for DropCompute."""
-        return (self.floor or 0.0) + self.delays.delay(self.worker, self.step)
-
-    def gradient_ready(self, share: float = 1.0) -> None:
+    def gradient_ready(self) -> None:
         """The local gradient is complete: emulate the compute floor, then sleep the injected delay;
-        of a job DropCompute cut to `share` of its micro-batches, that share of both (the delay is
+        of a job DropCompute cut to a share of its micro-batches, that share of both (the delay is
         slowness of the computation, as for dgd's workers: pgc_mpi.core.drop_compute)."""
-        self.compute_time, self.real_compute_time = pad_compute(self.began, share, self.floor)
-        self.slept = injected_delay(share * self.delays.delay(self.worker, self.step))
+        self.compute_time, self.real_compute_time, self.slept = self.job.finish()
 
 
 def _delayed_allreduce(clock, bucket):  # no annotations: DDP checks them, and here they would be strings
@@ -198,7 +198,7 @@ class DdpWorker:
         # running statistics (batch norm) stay local, as the parameter server's workers' do: rank 0
         # recalibrates them before evaluating (pgc_mpi.learning.models)
         self.model = DistributedDataParallel(problem.module, forward_sync_buffers=False)
-        self.clock = _StepClock(self.worker, delays, cfg.compute_time)
+        self.clock = _StepClock(self.worker, delays, cfg.compute_time, cfg.accumulate)
         self.model.register_comm_hook(self.clock, _delayed_allreduce)
         self.w = problem.flat.values  # the module's parameters: the optimizer updates them in place
         self.opt = make_update(cfg, self.w, problem, recipe_objects)
@@ -232,7 +232,7 @@ class DdpWorker:
     def _step(self, t: int) -> np.ndarray:
         """One DDP step: forward, backward (delay and allreduce in the hook), optimizer step."""
         problem, clock = self.problem, self.clock
-        clock.begin(t)
+        clock.begin(t, self.thresholds.threshold() if self.thresholds is not None else None)
         problem.flat.flat_grad.zero_()
         if self.micro_batches == 1:
             loss = problem.minibatch_loss(self.partition, self.scheme.draw_index(t, 0), module=self.model)
@@ -249,8 +249,8 @@ class DdpWorker:
         report["step"], report["loss"], report["delay"] = t, loss, clock.slept
         report["computed_share"] = share
         report["compute_time"], report["real_compute_time"] = clock.compute_time, clock.real_compute_time
-        report["allreduce_time"] = averaged - clock.began - clock.compute_time - clock.slept
-        report["step_time"] = time.perf_counter() - clock.began
+        report["allreduce_time"] = averaged - clock.job.began - clock.compute_time - clock.slept
+        report["step_time"] = time.perf_counter() - clock.job.began
         report["diverged"] = not np.isfinite(self.w).all()  # (a sum would warn of its overflow)
         return report
 
@@ -263,19 +263,17 @@ class DdpWorker:
         known only once it is done. Returns (the mean loss of the micro-batches done, their share)."""
         problem, clock, k = self.problem, self.clock, self.micro_batches
         first = k * self.scheme.draw_index(t, 0)
-        threshold = self.thresholds.threshold() if self.thresholds is not None else None
-        drop = None if threshold is None else Dropping(clock.began, clock.job(), k, threshold)
         loss, done = 0.0, 0
         with self.model.no_sync():
-            while done < k and not (done and drop is not None and drop(done)):
+            while done < k and not (done and clock.job.stop(done)):
                 micro = problem.minibatch_loss(self.partition, first + done, module=self.model)
                 micro.backward()
                 loss += float(micro.detach())
                 done += 1
         grad = problem.flat.flat_grad
         grad.div_(k)  # the sum over K, as Accumulated (and a dgd worker's message)
-        share = done / k
-        clock.gradient_ready(share)
+        share = clock.job.share()
+        clock.gradient_ready()
         shares = torch.tensor([share], dtype=torch.float64)
         dist.all_reduce(grad)
         dist.all_reduce(shares)

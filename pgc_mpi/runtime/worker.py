@@ -4,28 +4,27 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..core.abandon import drop_costs_a_gradient
-from ..core.drop_compute import micro_batches_done
 from ..core.faults import Fault, active, for_start, parse_faults
+from ..core.jobs import Job
 from ..core.message import Message
 from ..core.schemes import CodedScheme, PbsScheme
 from ..core.stragglers import DelayModel
 from ..core.wire import FLOAT16_MAX
 from ..errors import PgcError
 from ..learning.problems import Accumulated, Problem
-from .abandon import Abandoned, DecidedWatch, JobCheck, remaining_check_points
+from .abandon import Abandoned, DecidedWatch
 from .drop_threshold import threshold_watch
 from .transport import WorkerTransport
+from .worker_job import WorkerJob, injected_delay, pad_compute
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -57,96 +56,12 @@ class WorkerSettings:
                    cfg.staleness_bound(scheme))
 
 
-def _never() -> bool:
-    return False
-
-
-def _sleep_until(until: float, interrupted: Callable[[], bool]) -> None:
-    """Sleep until time.perf_counter() == until, or until `interrupted()` (the master asks to stop:
-    whatever the worker was waiting for would be discarded anyway)."""
-    while time.perf_counter() < until and not interrupted():
-        time.sleep(min(0.01, max(0.0, until - time.perf_counter())))
-
-
-def injected_delay(seconds: float, interrupted: Callable[[], bool] = _never,
-                   fall_silent: Callable[[], None] = lambda: None) -> float:
-    """Sleep like a slow node. A hang (math.inf) never wakes, as a frozen node would not, and says
-    nothing more (`fall_silent`: its heartbeats end, so rank 0 declares it lost); a finite delay
-    ends early once `interrupted()`. Returns the delay."""
-    if seconds == math.inf:
-        log.warning("injected hang: this worker stops responding now")
-        fall_silent()
-        while True:
-            time.sleep(3600)
-    _sleep_until(time.perf_counter() + seconds, interrupted)
-    return seconds
-
-
-def pad_compute(began: float, gradients: float, per_gradient: float | None,
-                interrupted: Callable[[], bool] = _never) -> tuple[float, float]:
-    """(compute time, real compute time) of `gradients` gradients computed since `began`: with
-    --compute-time (`per_gradient`) the worker first sleeps out the rest of gradients x
-    per_gradient, so ranks sharing cores behave like nodes with a fixed cost per partition gradient."""
-    real = time.perf_counter() - began
-    if per_gradient is not None:
-        _sleep_until(began + gradients * per_gradient, interrupted)
-    return time.perf_counter() - began, real
-
-
-def emulate_job(began: float, gradients: int, settings: WorkerSettings, delay: float, link: WorkerTransport,
-                check: JobCheck | None = None, done: float = 1.0) -> tuple[float, float, float]:
-    """The rest of a job whose gradients are computed: (compute time, real compute time, delay).
-    It sleeps out --compute-time and then the injected `delay`; with a `check` (--abandon-late)
-    or `done` < 1 (the share of the micro-batches --drop-compute let it compute) the delay is
-    slowness of the computation instead: the job's share `done` of the span is slept, through
-    its check points (pgc_mpi.core.abandon), where `check` may raise Abandoned. A hang checks nothing."""
-    if (check is None and done == 1.0) or delay == math.inf:
-        took, real = pad_compute(began, gradients, settings.compute_time, link.stop_requested)
-        return took, real, injected_delay(delay, link.stop_requested, link.fall_silent)
-    now = time.perf_counter()
-    real = now - began
-    took, delay = max(real, done * gradients * (settings.compute_time or 0.0)), done * delay
-    until = began + took + delay
-    for point in remaining_check_points(began, until, gradients * settings.micro_batches, now):
-        _sleep_until(point, link.stop_requested)
-        if check is not None:
-            check.at(until - point, took / gradients)
-    _sleep_until(until, link.stop_requested)
-    return took, real, delay
-
-
-def _gradient(problem: Problem, w: np.ndarray, part: int, draw: int,
-              between: Callable[[int], bool | None] | None) -> tuple[float, np.ndarray]:
-    """A partition gradient; with --accumulate, `between` runs between its micro-batches
-    (pgc_mpi.learning.problems.Accumulated: an abandon's check, or DropCompute's stop)."""
-    if isinstance(problem, Accumulated) and between is not None:
-        return problem.loss_and_grad(w, part, draw, between=between)
+def _compute(problem: Problem, w: np.ndarray, part: int, draw: int, job: WorkerJob) -> tuple[float, np.ndarray]:
+    """A partition gradient; with --accumulate, the job's two hooks run between its micro-batches
+    (pgc_mpi.learning.problems.Accumulated: the abandon's check, DropCompute's stop)."""
+    if isinstance(problem, Accumulated):
+        return problem.loss_and_grad(w, part, draw, check=job.check, stop=job.stop)
     return problem.loss_and_grad(w, part, draw)
-
-
-def _between_micro_batches(check: JobCheck, finished: list[float], micro_batches: int) -> Callable[[int], None]:
-    """An abandon's check as Accumulated's `between` (it raises or lets the job go on): after
-    `done` micro-batches of the gradient under way and all of the `finished` ones."""
-    return lambda done: check.computed(len(finished) * micro_batches + done)
-
-
-class Dropping:
-    """--drop-compute: whether a job starts no more micro-batches (pgc_mpi.core.drop_compute), in
-    emulated time (the job's compute and delay spread over its micro-batches) or real time."""
-
-    def __init__(self, began: float, job: float, micro_batches: int, threshold: float):
-        self.began, self.threshold, self.micro_batches = began, threshold, micro_batches
-        self.limit = micro_batches_done(job, micro_batches, threshold)
-        self.done = micro_batches
-
-    def __call__(self, done: int) -> bool:
-        if done >= self.limit or time.perf_counter() - self.began > self.threshold:
-            self.done = done
-            return True
-        return False
-
-    def share(self) -> float:
-        return self.done / self.micro_batches
 
 
 def _send(link: WorkerTransport, faults: tuple[Fault, ...], worker: int, step: int) -> None:
@@ -192,69 +107,108 @@ def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, l
     settings = settings or WorkerSettings()
     if isinstance(scheme, PbsScheme):
         return _run_table_worker(worker, scheme, problem, link, delays, settings)
-    parts = scheme.placement[worker]
-    dtype = link.model.dtype  # the run's: gradients are computed and combined in it, then put on the wire
-    coef = scheme.coefficients(worker).astype(dtype)
-    buffers = np.zeros((scheme.c, problem.dim), dtype=dtype)
-    coded = link.coded
-    step = first = link.next_model()
-    faults = for_start(settings.faults, first or 0)
-    computed = 0
-    watch = DecidedWatch(link.comm, len(link.shards)) if settings.abandon_late else None
-    thresholds = threshold_watch(link.comm, settings.drop_compute)
-    if step is not None:  # the first model: step 0, or the step a resumed run starts at
-        versions = scheme.warmup_versions(step)
-        began = time.perf_counter()
-        for k in scheme.warmup_slots(worker, step):  # the pipeline's stale buffers, at this model
-            buffers[k] = problem.loss_and_grad(link.model, parts[k], scheme.draw_index(versions[k], k))[1]
-            computed += 1
-        pad_compute(began, computed, settings.compute_time, link.stop_requested)
+    coded = CodedWorker(worker, scheme, problem, link, delays, settings)
+    step = coded.start()
     while step is not None:
-        began = time.perf_counter()
-        catch_up = scheme.refresh_slots(worker, step, versions, settings.refresh_over, first)
-        slots = (*catch_up, *scheme.fresh_slots(step, worker))
-        delay = delays.delay(worker, step)
-        floor = len(slots) * (settings.compute_time or 0.0)  # --compute-time's share of the job
-        # a worker's first job of a start is never abandoned (pgc_mpi.core.abandon)
-        if watch is not None and step != first:
-            costs = drop_costs_a_gradient(scheme, worker, step, slots, versions, settings.max_staleness, first)
-            check = JobCheck(watch, step, costs, began, len(slots), settings.micro_batches, floor, delay)
-        else:
-            check = None
-        kept = [(k, buffers[k].copy(), versions[k]) for k in slots] if check is not None else []
-        threshold = thresholds.threshold() if thresholds is not None else None
-        drop = Dropping(began, floor + delay, settings.micro_batches, threshold) if threshold is not None else None
-        losses: list[float] = []
-        between = drop or (_between_micro_batches(check, losses, settings.micro_batches) if check else None)
+        job = coded.plan(step)
         try:
-            for k in slots:
-                if losses and check is not None:
-                    check.computed(len(losses) * settings.micro_batches)
-                loss, buffers[k] = _gradient(problem, link.model, parts[k], scheme.draw_index(step, k), between)
-                versions[k] = step
-                losses.append(loss)
-            np.dot(coef, buffers, out=coded)
-            _put_on_wire(link, coded)
-            took, real, slept = emulate_job(began, len(slots), settings, delay, link, check,
-                                            drop.share() if drop else 1.0)
+            losses, (took, real, slept) = coded.compute(job)
         except Abandoned:  # nothing of the job is kept or sent: the master answers with the newest model
-            for k, row, version in kept:
-                buffers[k], versions[k] = row, version
-            watch.answer(step)
-            step = link.next_model()
-            continue
-        computed += len(losses)
-        link.write_header(Message(step, worker, tuple(versions), loss=float(np.mean(losses)), compute_time=took,
-                                  delay=slept, gradients=len(losses), real_compute_time=real,
-                                  computed_share=drop.share() if drop else 1.0))
-        _send(link, faults, worker, step)
+            coded.watch.answer(step)
+        else:
+            coded.send(job, losses, took, real, slept)
         step = link.next_model()
-    if watch is not None:
-        watch.drain()
-    if thresholds is not None:
-        thresholds.threshold()  # received, if it came after the last job
-    link.confirm_stop()
-    return computed
+    coded.close()
+    return coded.computed
+
+
+class CodedWorker:
+    """A coded scheme's worker (every scheme but pbs): its stored partitions' buffers and their
+    versions, and its jobs: each computes the job's slots at the newest model and sends their
+    coded combination (pgc_mpi.core.schemes: which slots, which coefficients)."""
+
+    def __init__(self, worker: int, scheme: CodedScheme, problem: Problem, link: WorkerTransport,
+                 delays: DelayModel, settings: WorkerSettings):
+        self.worker, self.scheme, self.problem, self.link = worker, scheme, problem, link
+        self.delays, self.settings = delays, settings
+        self.parts = scheme.placement[worker]
+        dtype = link.model.dtype  # the run's: gradients are computed and combined in it, then put on the wire
+        self.coef = scheme.coefficients(worker).astype(dtype)
+        self.buffers = np.zeros((scheme.c, problem.dim), dtype=dtype)
+        self.versions: list[int] = []
+        self.computed = 0
+        self.watch = DecidedWatch(link.comm, len(link.shards)) if settings.abandon_late else None
+        self.thresholds = threshold_watch(link.comm, settings.drop_compute)
+
+    def start(self) -> int | None:
+        """The first model's step (None: stop at once), after the pipeline's stale buffers are
+        computed at it: step 0, or the step a resumed run starts at."""
+        step = self.first = self.link.next_model()
+        self.faults = for_start(self.settings.faults, step or 0)
+        if step is None:
+            return None
+        self.versions = self.scheme.warmup_versions(step)
+        began = time.perf_counter()
+        slots = self.scheme.warmup_slots(self.worker, step)
+        for k in slots:
+            draw = self.scheme.draw_index(self.versions[k], k)
+            self.buffers[k] = self.problem.loss_and_grad(self.link.model, self.parts[k], draw)[1]
+        self.computed += len(slots)
+        pad_compute(began, len(slots), self.settings.compute_time, self.link.stop_requested)
+        return step
+
+    def plan(self, step: int) -> WorkerJob:
+        """The job for `step`: its slots (catch-up ones first), its delay, whether it may be
+        abandoned (never a worker's first job of a start: pgc_mpi.core.abandon) and at what cost,
+        and DropCompute's threshold."""
+        settings, scheme = self.settings, self.scheme
+        catch_up = scheme.refresh_slots(self.worker, step, self.versions, settings.refresh_over, self.first)
+        slots = (*catch_up, *scheme.fresh_slots(step, self.worker))
+        abandonable = self.watch is not None and step != self.first
+        costs = abandonable and drop_costs_a_gradient(scheme, self.worker, step, slots, self.versions,
+                                                      settings.max_staleness, self.first)
+        threshold = self.thresholds.threshold() if self.thresholds is not None else None
+        job = Job(self.worker, step, slots, time.perf_counter(), self.delays.delay(self.worker, step),
+                  settings.compute_time, settings.micro_batches, abandonable, costs, threshold)
+        return WorkerJob(job, self.watch, self.link.stop_requested, self.link.fall_silent)
+
+    def compute(self, job: WorkerJob) -> tuple[list[float], tuple[float, float, float]]:
+        """(the slots' losses, (compute time, real compute time, delay)): the job's gradients into
+        their buffers, their coded combination on the wire, the rest of the job emulated. An
+        abandoned job (Abandoned) puts back the buffers and versions it overwrote."""
+        step = job.job.step
+        kept = [(k, self.buffers[k].copy(), self.versions[k]) for k in job.job.slots] if job.watch else []
+        losses: list[float] = []
+        try:
+            for k in job.job.slots:
+                loss, self.buffers[k] = _compute(self.problem, self.link.model, self.parts[k],
+                                                 self.scheme.draw_index(step, k), job)
+                self.versions[k] = step
+                losses.append(loss)
+                job.gradient_done()
+            np.dot(self.coef, self.buffers, out=self.link.coded)
+            _put_on_wire(self.link, self.link.coded)
+            return losses, job.finish()
+        except Abandoned:
+            for k, row, version in kept:
+                self.buffers[k], self.versions[k] = row, version
+            raise
+
+    def send(self, job: WorkerJob, losses: list[float], took: float, real: float, slept: float) -> None:
+        """The job's message: its header, then the payload put on the wire by `compute`."""
+        self.computed += len(losses)
+        self.link.write_header(Message(job.job.step, self.worker, tuple(self.versions), loss=float(np.mean(losses)),
+                                       compute_time=took, delay=slept, gradients=len(losses), real_compute_time=real,
+                                       computed_share=job.share()))
+        _send(self.link, self.faults, self.worker, job.job.step)
+
+    def close(self) -> None:
+        """At the stop: receive the notices and the threshold still on their way, confirm the stop."""
+        if self.watch is not None:
+            self.watch.drain()
+        if self.thresholds is not None:
+            self.thresholds.threshold()  # received, if it came after the last job
+        self.link.confirm_stop()
 
 
 def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: WorkerTransport,

@@ -63,7 +63,7 @@ class MessageBuilder:
         worker computes the same)."""
         part, coef = self.scheme.placement[worker][0], self.scheme.coefficients(worker)[0]
         loss, grad = self.problem.loss_and_grad(self.models[max(version, 0)], part, self.scheme.draw_index(version, 0),
-                                                between=stop_after(done))
+                                                stop=stop_after(done))
         return loss, coef * grad
 
     def forget_before(self, version: int) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, partial
 from typing import TYPE_CHECKING
@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import SimConfig
-from ..core.abandon import abandon_margin, drop_costs_a_gradient, next_check_point
+from ..core.abandon import drop_costs_a_gradient
 from ..core.collector import CodedCollector, Decoded, TableCollector, make_collector
-from ..core.drop_compute import fixed_threshold, make_auto, micro_batches_done
+from ..core.drop_compute import fixed_threshold, make_auto
+from ..core.jobs import Job
 from ..core.message import Layout, Message, buffers_per_message, gradient_header
 from ..core.schemes import CodedScheme, PbsScheme
 from ..core.stragglers import DelayModel
@@ -43,7 +44,7 @@ from .master_cost import load as load_master_cost
 from .messages import MessageBuilder
 
 if TYPE_CHECKING:
-    from ..runs.checkpoint import Checkpoint
+    pass
 
 
 @dataclass
@@ -85,6 +86,8 @@ class SimWorkers:
     --abandon-late a coded worker whose step is decided stops at its next check point
     (pgc_mpi.core.abandon) and takes the newest model then, keeping nothing of the job. With
     --drop-compute a dgd worker stops its job's micro-batches at the threshold (core.drop_compute).
+    Each worker's current job is one record (pgc_mpi.core.jobs.Job, None while it waits), as the
+    MPI worker's is.
     """
 
     def __init__(self, scheme: CodedScheme | PbsScheme, cfg: SimConfig, builder: MessageBuilder):
@@ -92,26 +95,20 @@ class SimWorkers:
         self.delays = DelayModel(cfg.delay, scheme.n, seed=cfg.seed)
         self.table = isinstance(scheme, PbsScheme)
         n = scheme.n
-        self.busy = [False] * n
-        self.until = [0.0] * n  # when each worker's current job ends (inf: it hangs)
-        self.given = [0.0] * n  # when the model of each worker's current job reached it (turnarounds start)
+        self.jobs: list[Job | None] = [None] * n  # each worker's current job (None: it waits for a model)
+        self.hung = [False] * n  # whether a worker's job never ends (it then never asks again)
         self.versions = [[] if self.table else scheme.initial_versions() for _ in range(n)]
-        self.count = [0] * n  # pbs: computations started per worker (its slot rotation)
-        self.slots: list[tuple[int, ...]] = [()] * n  # coded: the slots each worker's current job computes
+        self.started = [0] * n  # jobs started per worker (pbs's slot rotation; a job's number)
         self.refresh_over = cfg.refresh_over(scheme)
         self.bound = cfg.staleness_bound(scheme)  # --abandon-late: a dropped slot past it costs a gradient
         self.wire = wire_format(cfg.wire_dtype, np.float64)  # messages as the master receives them (--wire-dtype)
         self._attempts: dict[tuple[int, int], int] = {}  # pbs: computations per (worker, model)
-        self._events: list[tuple[float, int, int, int, float]] = []  # (end, worker, version, count, delay)
+        self._events: list[tuple[float, int, int]] = []  # (end, worker, number) of the jobs under way
         self.abandon_late = cfg.abandons_late()
-        self.began = [0.0] * n  # when each worker's current job began
-        self.job = [0] * n  # the version each worker's current job computes for
-        self.finished = [0] * n  # jobs each worker has finished (its first is never abandoned)
-        self._cancelled: set[tuple[int, int]] = set()  # (worker, count) of the jobs abandoned
+        self._cancelled: set[tuple[int, int]] = set()  # (worker, number) of the jobs abandoned
         self._stops: list[tuple[float, int]] = []  # (when, worker): abandoning workers reach their check points
         self.drop = fixed_threshold(cfg.drop_compute, scheme.name)
         self.auto = make_auto(cfg.drop_compute, scheme.name, cfg.accumulate)  # --drop-compute auto
-        self.done = [cfg.accumulate] * n  # --drop-compute: the micro-batches of each worker's current job
 
     def first_start(self) -> float:
         """When the first jobs can start: after the pipelined schemes' warm-up gradients."""
@@ -121,35 +118,33 @@ class SimWorkers:
         """Worker starts a job at model `version` at time `at`; it got that model at `given`
         (default: `at`; earlier when warm-up gradients come first, as the MPI worker computes
         them on receiving its first model)."""
-        self.given[worker] = at if given is None else given
-        self.began[worker], self.job[worker] = at, version
+        number = self.started[worker]
         if self.table:
             attempt = self._attempts.get((worker, version), 0)
             self._attempts[(worker, version)] = attempt + 1
-            work, delay = self.cfg.compute_time, self.delays.delay(worker, version, attempt)
+            slots, delay = self.scheme.fresh_slots(number, worker), self.delays.delay(worker, version, attempt)
         else:
             catch_up = self.scheme.refresh_slots(worker, version, self.versions[worker], self.refresh_over)
-            self.slots[worker] = (*catch_up, *self.scheme.fresh_slots(version, worker))
-            work = self.cfg.compute_time * len(self.slots[worker])
-            delay = self.delays.delay(worker, version)
-            if self.drop is not None:  # the job's time is its micro-batches', and it stops some early
-                micro = self.cfg.accumulate
-                self.done[worker] = micro_batches_done(work + delay, micro, self.drop)
-                work, delay = work * self.done[worker] / micro, delay * self.done[worker] / micro
-        self.until[worker] = at + work + delay
-        heapq.heappush(self._events, (self.until[worker], worker, version, self.count[worker], delay))
-        self.count[worker] += 1
-        self.busy[worker] = True
+            slots, delay = (*catch_up, *self.scheme.fresh_slots(version, worker)), self.delays.delay(worker, version)
+        # a worker's first job is never abandoned (pgc_mpi.core.abandon); DropCompute's jobs are dgd's
+        job = Job(worker, version, slots, at, delay, self.cfg.compute_time, self.cfg.accumulate,
+                  abandonable=self.abandon_late and number > 0, threshold=None if self.table else self.drop,
+                  given=at if given is None else given, number=number)
+        done, micro = job.kept_micro_batches(), job.micro_batches  # its micro-batches' time: some stop early
+        job.until = at + job.compute_floor * done / micro + delay * done / micro
+        self.jobs[worker], self.hung[worker] = job, job.until == math.inf
+        heapq.heappush(self._events, (job.until, worker, number))
+        self.started[worker] += 1
 
     def start_idle(self, version: int, at: float, given: float | None = None) -> None:
         """Every worker without a job starts one at model `version` (given to it at `given`: start)."""
         for i in range(self.scheme.n):
-            if not self.busy[i]:
+            if self.jobs[i] is None:
                 self.start(i, version, at, given)
 
     def next_time(self) -> float:
         """When the next job ends or an abandoning worker stops (inf when none will)."""
-        while self._events and (self._events[0][1], self._events[0][3]) in self._cancelled:
+        while self._events and self._events[0][1:] in self._cancelled:
             heapq.heappop(self._events)
         return min(self._events[0][0] if self._events else math.inf, self._stops[0][0] if self._stops else math.inf)
 
@@ -161,7 +156,7 @@ class SimWorkers:
     def take_stop(self) -> int:
         """The worker of the next stop: idle from now on, it asks for the newest model."""
         worker = heapq.heappop(self._stops)[1]
-        self.busy[worker] = False
+        self.jobs[worker] = None
         return worker
 
     def abandon(self, step: int, told: float) -> int:
@@ -169,53 +164,62 @@ class SimWorkers:
         that it is decided, stops at its next check point, if its job has one left (a hung worker
         checks nothing), unless it is the worker's first job, and, where dropping costs a gradient
         later (a pipelined slot past the staleness bound), only at a check point that leaves more
-        than one partition gradient of the job (pgc_mpi.core.abandon). Returns how many jobs were
-        abandoned."""
+        than one partition gradient of the job (pgc_mpi.core.abandon: Job.stop_point). Returns how
+        many jobs were abandoned."""
         if not self.abandon_late:
             return 0
         abandoned = 0
-        micro = self.cfg.accumulate
-        for i in range(self.scheme.n):
-            if not self.busy[i] or self.job[i] > step or self.until[i] == math.inf or not self.finished[i]:
+        for i, job in enumerate(self.jobs):
+            if job is None or job.step > step or (i, job.number) in self._cancelled:
                 continue
-            costs = drop_costs_a_gradient(self.scheme, i, self.job[i], self.slots[i], self.versions[i], self.bound)
-            margin = abandon_margin(costs, self.cfg.compute_time)
-            stop = next_check_point(self.began[i], self.until[i], micro * max(1, len(self.slots[i])), told, margin)
+            job.drop_costs = drop_costs_a_gradient(self.scheme, i, job.step, job.slots, self.versions[i], self.bound)
+            stop = job.stop_point(told, self.cfg.compute_time)
             if stop is not None:
-                self._cancelled.add((i, self.count[i] - 1))
+                self._cancelled.add((i, job.number))
                 heapq.heappush(self._stops, (stop, i))
-                self.until[i] = stop
+                job.until = stop
                 abandoned += 1
         return abandoned
 
-    def finish(self) -> tuple[float, Message, Callable[[], np.ndarray], Callable[[], float]]:
-        """End the next job: (time, its message, its payload and its minibatch loss as callables
-        that compute them: the collector calls them only if it uses the message)."""
+    def finish(self) -> tuple[float, Job, Message, Callable[[], np.ndarray], Callable[[], float]]:
+        """End the next job: (time, the job, its message, its payload and its minibatch loss as
+        callables that compute them: the collector calls them only if it uses the message)."""
         self.next_time()  # past the abandoned jobs
-        at, worker, version, count, delay = heapq.heappop(self._events)
-        self.busy[worker] = False
-        self.finished[worker] += 1
+        at, worker, _ = heapq.heappop(self._events)
+        job, self.jobs[worker] = self.jobs[worker], None
+        version, delay = job.step, job.delay
         if self.table:
-            slot = self.scheme.fresh_slots(count, worker)[0]
+            slot = job.slots[0]
             part = self.scheme.placement[worker][slot]
-            draw = self.scheme.draw_index(count, slot)
-            return (at, Message(version, worker, (version,), partition=part, delay=delay,
-                                compute_time=self.cfg.compute_time),
+            draw = self.scheme.draw_index(job.number, slot)
+            return (at, job, Message(version, worker, (version,), partition=part, delay=delay,
+                                     compute_time=self.cfg.compute_time),
                     self._on_wire(partial(self.builder.gradient, part, version, draw)),
                     partial(self.builder.loss, part, version, draw))
-        computed = self.slots[worker]
-        for k in computed:
+        for k in job.slots:
             self.versions[worker][k] = version
-        share = self.done[worker] / self.cfg.accumulate
-        msg = Message(version, worker, tuple(self.versions[worker]), delay=delay, gradients=len(computed),
-                      compute_time=self.cfg.compute_time * len(computed) * share, computed_share=share)
+        done = job.kept_micro_batches()
+        share = done / job.micro_batches  # of its compute and of its delay (slowness of the computation)
+        msg = Message(version, worker, tuple(self.versions[worker]), delay=delay * done / job.micro_batches,
+                      gradients=job.gradients,
+                      compute_time=self.cfg.compute_time * job.gradients * share, computed_share=share)
         if share < 1.0:  # --drop-compute cut it short: the partial sum (pgc_mpi.core.drop_compute)
-            loss_and_message = cache(partial(self.builder.dropped, worker, version, self.done[worker]))
-            return at, msg, self._on_wire(lambda: loss_and_message()[1]), lambda: loss_and_message()[0]
+            loss_and_message = cache(partial(self.builder.dropped, worker, version, done))
+            return at, job, msg, self._on_wire(lambda: loss_and_message()[1]), lambda: loss_and_message()[0]
         fresh = self.scheme.fresh_slots(version, worker)
         # the versions as they are now: the worker's list changes with its next job
-        return (at, msg, self._on_wire(partial(self.builder.message, worker, list(msg.versions))),
+        return (at, job, msg, self._on_wire(partial(self.builder.message, worker, list(msg.versions))),
                 partial(self.builder.message_loss, worker, version, fresh))
+
+    def decided(self, record: dict, now: float) -> None:
+        """A step is decided (its `record` made) at `now`: --drop-compute auto observes it (and
+        chooses the threshold once its steps are measured); with --abandon-late the workers still
+        on this step or older are told with the new model, and stop (the record's `abandoned`)."""
+        if self.auto is not None:
+            record.update(self.auto.observe(record))
+            self.drop = self.auto.chosen()
+        if self.abandon_late:
+            record["abandoned"] = self.abandon(record["step"], now)
 
     def _on_wire(self, payload: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
         """A message's payload as the master receives it: rounded to the wire format, if narrower."""
@@ -224,15 +228,16 @@ class SimWorkers:
     def can_refresh(self, partitions: list[int]) -> bool:
         """Whether every one of `partitions` has a holder that has not hung (pbs workers never
         stop computing, so without one the table stays stale while time runs on forever)."""
-        live = [i for i in range(self.scheme.n) if self.until[i] < math.inf]
+        live = [i for i in range(self.scheme.n) if not self.hung[i]]
         return all(any(j in self.scheme.placement[i] for i in live) for j in partitions)
 
     def oldest_version(self) -> int:
         """The oldest model a live worker's buffers or jobs still refer to (hung workers excluded:
         their buffers are never sent again and must not pin old models in memory)."""
-        live = [e[2] for e in self._events if e[0] < math.inf and (e[1], e[3]) not in self._cancelled]
+        live = [job.step for i, job in enumerate(self.jobs)
+                if job is not None and not self.hung[i] and (i, job.number) not in self._cancelled]
         if not self.table:
-            live += [min(self.versions[i]) for i in range(self.scheme.n) if self.until[i] < math.inf]
+            live += [min(self.versions[i]) for i in range(self.scheme.n) if not self.hung[i]]
         return min(live, default=0)
 
 
@@ -245,14 +250,8 @@ def simulate(cfg: SimConfig, problem: Problem | None = None, record_params: bool
     your own torch model and data as pgc_mpi.fit takes them, `model=..., train_data=..., loss=...,
     test_data=..., metrics=..., collate_fn=..., batch_size=..., dtype=...` (pgc_mpi.torch_problem
     builds it for cfg.workers workers and cfg.seed)."""
-    if (problem is None) == (not yours):
-        raise TypeError("simulate() takes a problem or your model and data (model=..., train_data=...), one of them")
-    if problem is None:
-        from ..learning.models import torch_problem
-
-        problem = torch_problem(workers=cfg.workers, seed=cfg.seed, **yours)
+    problem = _problem_of(cfg, problem, yours)
     scheme = cfg.make_scheme(cfg.workers)
-    problem = with_sampling(problem, cfg.fixed_minibatch, cfg.accumulate)
     w = problem.initial_params().astype(np.float64)
     opt = FlatOptimizer(w, Recipe.of(cfg))
     builder = MessageBuilder(scheme, problem)
@@ -262,9 +261,7 @@ def simulate(cfg: SimConfig, problem: Problem | None = None, record_params: bool
     diagnostics = (TableDiagnostics(problem, cfg.probe_every, cfg.staleness_bound(scheme), cfg.adapt)
                    if isinstance(scheme, PbsScheme) else None)
     nbytes = Layout(gradient_header(buffers_per_message(scheme)), problem.dim, workers.wire.storage).nbytes
-    cost = load_master_cost(cfg.master_cost) if cfg.master_cost is not None else None
-    per_message = cost.receive_seconds(scheme.n, problem.dim) if cost else 0.0  # the master's time per message
-    step_parts = cost.step_seconds(scheme.n, problem.dim) if cost else {}  # decode, update, send
+    per_message, step_parts = _master_cost(cfg, scheme.n, problem.dim)
     result = SimResult(cfg, trajectory=[w.copy()] if record_params else [])
     now, received, evaluated = 0.0, 0, False
     workers.start_idle(0, workers.first_start(), given=0.0)
@@ -288,11 +285,7 @@ def simulate(cfg: SimConfig, problem: Problem | None = None, record_params: bool
                   "bytes_received": received * nbytes, **collector.record(dec, missed), **extra,
                   "wire_error": workers.wire.decode_error(dec.weights)}
         result.records.append(record)
-        if workers.auto is not None:  # --drop-compute auto: the threshold once its steps are measured
-            record.update(workers.auto.observe(record))
-            workers.drop = workers.auto.chosen()
-        if workers.abandon_late:  # told with the new model: the workers still on this step or older stop
-            record["abandoned"] = workers.abandon(t, now)
+        workers.decided(record, now)
         record.update(opt.step())  # the recipe's lr and grad_norm, as the MPI master records them
         builder.add_model(t + 1, w)
         builder.forget_before(workers.oldest_version())
@@ -308,6 +301,27 @@ def simulate(cfg: SimConfig, problem: Problem | None = None, record_params: bool
         _evaluate(problem, w, result, result.records[-1]["step"], result.records[-1]["wall_time"])
     result.params = w
     return result
+
+
+def _problem_of(cfg: SimConfig, problem: Problem | None, yours: dict) -> Problem:
+    """The problem simulate runs: the one given, or one built of your model and data; sampled as
+    --fixed-minibatch and --accumulate ask."""
+    if (problem is None) == (not yours):
+        raise TypeError("simulate() takes a problem or your model and data (model=..., train_data=...), one of them")
+    if problem is None:
+        from ..learning.models import torch_problem
+
+        problem = torch_problem(workers=cfg.workers, seed=cfg.seed, **yours)
+    return with_sampling(problem, cfg.fixed_minibatch, cfg.accumulate)
+
+
+def _master_cost(cfg: SimConfig, n: int, dim: int) -> tuple[float, dict[str, float]]:
+    """(the master's seconds per message received, its seconds per step for decode, update and send)
+    from --master-cost's model; none without one (the simulated master takes no time)."""
+    if cfg.master_cost is None:
+        return 0.0, {}
+    cost = load_master_cost(cfg.master_cost)
+    return cost.receive_seconds(n, dim), cost.step_seconds(n, dim)
 
 
 def _evaluate(problem: Problem, w: np.ndarray, result: SimResult, step: int, at: float) -> dict[str, float]:
@@ -354,7 +368,7 @@ def _collect(collector: CodedCollector | TableCollector, workers: SimWorkers, cf
 
 def _hopeless(collector: CodedCollector | TableCollector, workers: SimWorkers) -> bool:
     """pbs: a partition the table lacks can never be refreshed (all its holders hung)."""
-    return workers.table and math.inf in workers.until and not workers.can_refresh(collector.waiting_for())
+    return workers.table and any(workers.hung) and not workers.can_refresh(collector.waiting_for())
 
 
 def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers, now: float,
@@ -371,10 +385,10 @@ def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers, no
         if workers.next_is_stop():
             stopped.append(workers.take_stop())
             continue
-        at, msg, payload, loss = workers.finish()
+        at, job, msg, payload, loss = workers.finish()
         # as the MPI master measures it: from the model reaching the worker to the master taking the
         # message in (now: later than `at` when the message waited for the master)
-        msg.turnaround = now - workers.given[msg.worker]
+        msg.turnaround = now - job.given
         collector.offer(msg, payload, loss)
         batch.append(msg)
     now += per_message * len(batch)
@@ -385,58 +399,3 @@ def _deliver(collector: CodedCollector | TableCollector, workers: SimWorkers, no
         for worker in stopped:
             workers.start(worker, collector.step, now)
     return len(batch), now
-
-
-def replay(scheme: CodedScheme | PbsScheme, problem: Problem, steps: Iterable[dict], optimizer: str = "sgd",
-           lr: float = 0.05, momentum: float = 0.9, wire_dtype: str | None = None,
-           start: Checkpoint | None = None) -> list[np.ndarray]:
-    """Recompute a recorded run's parameters from its arrivals and message versions.
-
-    Each item of `steps` has 'arrivals' (worker ids in order), 'versions' ({worker: the
-    versions of its message's buffers}, keys may be strings as in JSON) and optionally
-    'partial', as the MPI master logs them. For pbs it has 'messages' instead (every message
-    the master took in that step, in its order, as the MPI master logs them): each enters the
-    table in that order and the step decodes after the last, as the master did (with the
-    learning rate the record's 'lr' says, where --adapt changed it); a worker's k-th message
-    since the run (or its resumption) started is its k-th computation, which fixes its partition
-    and minibatch. `wire_dtype`: the run's --wire-dtype (messages are rounded to it as the
-    workers rounded them). `start`: the checkpoint a resumed run started from (its parameters,
-    optimizer state and pbs table; `steps` are then the records from its step on). Returns w_0,
-    w_1, ... (from start.step on).
-    """
-    first = 0 if start is None else start.step
-    w = (problem.initial_params() if start is None else start.params).astype(np.float64)
-    opt = FlatOptimizer(w, optimizer, lr, momentum=momentum)
-    builder = MessageBuilder(scheme, problem)
-    builder.add_model(first, w)
-    collector = make_collector(scheme, opt.grad, first=first)
-    if start is not None:
-        opt.opt.load_state_dict(start.optimizer)
-        opt.opt.param_groups[0]["lr"] = lr
-        if start.table_grads is not None:
-            collector.table.grads[...], collector.table.versions[...] = start.table_grads, start.table_versions
-    wire = wire_format(wire_dtype, np.float64)
-    counts = [0] * scheme.n  # pbs: each worker's computations so far
-    out = [w.copy()]
-    for t, rec in enumerate(steps, start=first):
-        collector.begin(t)
-        if isinstance(scheme, PbsScheme):
-            for message in rec["messages"]:
-                worker, version, verdict = int(message[0]), int(message[1]), message[5]
-                count, counts[worker] = counts[worker], counts[worker] + 1
-                if verdict != "rejected":
-                    slot = scheme.fresh_slots(count, worker)[0]
-                    part = scheme.placement[worker][slot]
-                    grad = builder.gradient(part, version, scheme.draw_index(count, slot))
-                    collector.offer(Message(version, worker, (version,), partition=part), wire.round_trip(grad))
-        else:
-            versions = {int(k): v for k, v in rec["versions"].items()}
-            for i in map(int, rec["arrivals"]):
-                collector.offer(Message(t, i, tuple(versions[i])), wire.round_trip(builder.message(i, versions[i])))
-        collector.decode(partial=rec.get("partial", False))
-        if "lr" in rec:  # the rate the step used (a schedule's, or --adapt's change; older records: only the latter)
-            opt.opt.param_groups[0]["lr"] = rec["lr"]
-        opt.step()
-        builder.add_model(t + 1, w)
-        out.append(w.copy())
-    return out

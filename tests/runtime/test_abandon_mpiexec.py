@@ -14,7 +14,7 @@ from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.learning.datasets import load_digits
 from pgc_mpi.learning.models import TorchProblem
 from pgc_mpi.learning.problems import Accumulated
-from pgc_mpi.sim.simulator import replay
+from pgc_mpi.sim.replay import replay
 
 from helpers import events_of, run_train, steps_of
 
@@ -97,7 +97,7 @@ def test_dgd_and_pbs_take_the_flag_and_never_abandon():
 
 
 def test_a_worker_drops_a_decided_job_where_the_scheme_says_it_is_worth_it():
-    """The MPI worker's check (pgc_mpi.runtime.abandon.JobCheck), here on MPI_COMM_SELF with one
+    """The MPI worker's check (pgc_mpi.runtime.worker_job.WorkerJob), here on MPI_COMM_SELF with one
     server's notice sent to itself: a job is dropped only once its step is decided, and where
     dropping costs a gradient later (a pgc slot past the staleness bound), only with more than one
     partition gradient of it left. At a real check point the rest is the micro-batches' pace extrapolated, at least
@@ -106,16 +106,18 @@ def test_a_worker_drops_a_decided_job_where_the_scheme_says_it_is_worth_it():
 
     from mpi4py import MPI
 
-    from pgc_mpi.runtime.abandon import Abandoned, DecidedWatch, JobCheck
+    from pgc_mpi.core.jobs import Job
+    from pgc_mpi.runtime.abandon import Abandoned, DecidedWatch
     from pgc_mpi.runtime.tags import TAG_DECIDED
+    from pgc_mpi.runtime.worker_job import WorkerJob
 
     comm = MPI.COMM_SELF
     watch = DecidedWatch(comm, servers=1)
     began = time.perf_counter()
 
-    def check(drop_costs: bool, began: float = began, step: int = 5, gradients: int = 1) -> JobCheck:
-        return JobCheck(watch, step, drop_costs, began, gradients, micro_batches=4, compute_floor=0.1 * gradients,
-                        delay=0.05)
+    def check(drop_costs: bool, began: float = began, step: int = 5, gradients: int = 1) -> WorkerJob:
+        return WorkerJob(Job(0, step, tuple(range(gradients)), began, delay=0.05, compute_time=0.1, micro_batches=4,
+                             abandonable=True, drop_costs=drop_costs), watch)
 
     check(False).at(left=1.0, gradient_time=0.1)  # not decided yet: nothing is dropped
     notice = np.array([5], dtype=np.int64)  # a send to oneself completes once it is received
@@ -127,11 +129,11 @@ def test_a_worker_drops_a_decided_job_where_the_scheme_says_it_is_worth_it():
     with pytest.raises(Abandoned):
         check(True).at(left=0.11, gradient_time=0.1)
     with pytest.raises(Abandoned):  # 10 ms into 0.15 s (0.1 s floor + delay): 0.14 s left
-        check(True, began=time.perf_counter() - 0.01).computed(done=1)
-    check(True, began=time.perf_counter() - 0.09).computed(done=3)  # 0.08 s left of a 0.12 s gradient
+        check(True, began=time.perf_counter() - 0.01).check(done=1)
+    check(True, began=time.perf_counter() - 0.09).check(done=3)  # 0.08 s left of a 0.12 s gradient
     # a slow real pace is the gradient's cost too: 3 of 4 micro-batches in 0.3 s leave 0.15 s of a
     # 0.4 s gradient (kept); with a refresh before the fresh slot, 3 of 8 leave 0.55 s (dropped)
-    check(True, began=time.perf_counter() - 0.3).computed(done=3)
+    check(True, began=time.perf_counter() - 0.3).check(done=3)
     with pytest.raises(Abandoned):
-        check(True, began=time.perf_counter() - 0.3, gradients=2).computed(done=3)
+        check(True, began=time.perf_counter() - 0.3, gradients=2).check(done=3)
     sent.Wait()

@@ -16,7 +16,7 @@ import pytest
 from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.learning.problems import Quadratic
 from pgc_mpi.runs.checkpoint import load as load_checkpoint
-from pgc_mpi.sim.simulator import replay
+from pgc_mpi.sim.replay import replay
 
 from helpers import events_of, run_train, start_train, steps_of
 

@@ -12,7 +12,8 @@ from pgc_mpi.core.schemes import SCHEME_NAMES, make_scheme
 from pgc_mpi.learning.problems import LeastSquares, Logistic
 from pgc_mpi.runs.metrics import MASTER_PARTS
 from pgc_mpi.sim.cli import main as sim_main
-from pgc_mpi.sim.simulator import replay, simulate
+from pgc_mpi.sim.replay import replay
+from pgc_mpi.sim.simulator import simulate
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ from pgc_mpi.config import SimConfig
 from pgc_mpi.core.message import MessageRecord
 from pgc_mpi.learning.models import TorchProblem, load_problem
 from pgc_mpi.sim.cli import main as sim_main
-from pgc_mpi.sim.simulator import SimWorkers, replay, simulate
+from pgc_mpi.sim.replay import replay
+from pgc_mpi.sim.simulator import SimWorkers, simulate
 
 TORCH_ARGS = ["--model", "logreg", "--dataset", "digits", "-n", "6", "--steps", "30", "--eval-every", "5"]
 
@@ -99,9 +100,9 @@ def test_without_the_training_split_the_target_is_the_test_loss(capsys):
 def _eager(finish):
     """SimWorkers.finish computing every payload at once, as the simulator did before."""
     def finish_eagerly(self):
-        at, msg, payload, loss = finish(self)
+        at, job, msg, payload, loss = finish(self)
         value = payload()
-        return at, msg, lambda: value, loss
+        return at, job, msg, lambda: value, loss
     return finish_eagerly
 
 
