@@ -183,24 +183,27 @@ def test_a_dying_worker_ends_a_plain_mpiexec_job_and_the_checkpoint_survives(tmp
 
 
 def test_corrupt_and_mismatched_checkpoints_are_clear_errors(tmp_path):
-    proc = run_train(4, ["--scheme", "gc-cr", "--steps", "4", "--checkpoint-every", "2", "--out", str(tmp_path)])
+    """Rules, not scale: the quadratic problem on 2 workers (3 on the elastic resume) keeps its six
+    short jobs cheap."""
+    q = ["--problem", "quadratic"]
+    proc = run_train(3, [*q, "--scheme", "gc-cr", "--steps", "4", "--checkpoint-every", "2", "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     ckpt = sorted((tmp_path / "checkpoints").glob("ckpt-*.h5"))[-1]
     # into the checkpoint's own folder, the folder's config.json refuses another run first ...
-    other = run_train(4, ["--scheme", "pgc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
+    other = run_train(3, [*q, "--scheme", "pgc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
     assert other.returncode != 0 and "describes another run: scheme 'gc-cr' (this run: 'pgc-cr')" in other.stderr
     # ... and resumed into a new folder (a fork), the checkpoint itself does
     fork = str(tmp_path / "fork")
-    other = run_train(4, ["--scheme", "pgc-cr", "--steps", "8", "--resume", str(ckpt), "--out", fork], timeout=60)
+    other = run_train(3, [*q, "--scheme", "pgc-cr", "--steps", "8", "--resume", str(ckpt), "--out", fork], timeout=60)
     assert other.returncode != 0 and "the checkpoint is for scheme = 'gc-cr', this run has 'pgc-cr'" in other.stderr
-    wider = run_train(5, ["--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt), "--out", fork], timeout=60)
-    assert wider.returncode == 0 and "resuming at step 4 with 4 workers, not the checkpoint's 3" in wider.stderr
+    wider = run_train(4, [*q, "--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt), "--out", fork], timeout=60)
+    assert wider.returncode == 0 and "resuming at step 4 with 3 workers, not the checkpoint's 2" in wider.stderr
     with h5py.File(ckpt, "a") as f:
         del f["params"]
-    broken = run_train(4, ["--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
+    broken = run_train(3, [*q, "--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
     assert broken.returncode != 0 and "incomplete checkpoint" in broken.stderr
     ckpt.write_bytes(b"\x89HDF garbage")
-    junk = run_train(4, ["--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
+    junk = run_train(3, [*q, "--scheme", "gc-cr", "--steps", "8", "--resume", str(ckpt)], timeout=60)
     assert junk.returncode != 0 and "not a readable checkpoint" in junk.stderr
     for proc in (other, broken, junk):
         assert "Traceback" not in proc.stderr and proc.stderr.count("error") == 1
