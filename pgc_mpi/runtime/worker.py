@@ -24,12 +24,13 @@ from ..learning.problems import Accumulated, Problem
 from .abandon import Abandoned, DecidedWatch
 from .drop_threshold import threshold_watch
 from .transport import WorkerTransport
-from .worker_job import WorkerJob, injected_delay, pad_compute
+from .worker_job import WorkerJob, pad_compute
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
 
 log = logging.getLogger("pgc_mpi")
+
 
 @dataclass(frozen=True)
 class WorkerSettings:
@@ -224,11 +225,12 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
     while version is not None:
         slot = scheme.fresh_slots(count, worker)[0]
         part = scheme.placement[worker][slot]
-        began = time.perf_counter()
+        job = WorkerJob(Job(worker, version, (slot,), time.perf_counter(), delays.delay(worker, version, attempts),
+                            settings.compute_time, number=count), interrupted=link.stop_requested,
+                        fall_silent=link.fall_silent)
         loss, grad = problem.loss_and_grad(link.model, part, scheme.draw_index(count, slot))
         _put_on_wire(link, grad)
-        took, real = pad_compute(began, 1, settings.compute_time, link.stop_requested)
-        slept = injected_delay(delays.delay(worker, version, attempts), link.stop_requested, link.fall_silent)
+        took, real, slept = job.finish()
         link.write_header(Message(version, worker, (version,), partition=part, loss=loss, compute_time=took,
                                   delay=slept, real_compute_time=real))
         _send(link, faults, worker, version)
