@@ -13,6 +13,7 @@ from typing import Any
 from ..choices import DEADLINE_POLICIES, LR_SCHEDULES, MODELS, OPTIMIZERS
 from ..core.abandon import abandons
 from ..core.drop_compute import AUTO
+from ..core.sampling import parse_partitioning
 from ..core.schemes import FR_DECODE_RULES, ON_STALE, CodedScheme, PbsScheme, make_scheme
 from ..core.stragglers import USAGE as DELAY_USAGE
 from ..core.stragglers import DelayModel
@@ -83,6 +84,7 @@ class CoreConfig:
     fr_decode: str = "covered"
     adapt: bool = False
     fixed_minibatch: bool = False
+    partitioning: str = "iid"
     wire_dtype: str | None = None
     # the training recipe (pgc_mpi.learning.optim.Recipe): the same in pgc-train and pgc-sim
     weight_decay: float = 0.0
@@ -124,6 +126,7 @@ class CoreConfig:
         check_deadline(self.deadline, self.on_deadline)
         bound = parse_max_staleness(self.max_staleness)
         _choice("on-stale", self.on_stale, ON_STALE)
+        parse_partitioning(self.partitioning)
         if not isinstance(self.fixed_minibatch, bool):
             raise ConfigError(f"--fixed-minibatch must be true or false, got {self.fixed_minibatch!r}")
         if not isinstance(self.abandon_late, bool):

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..choices import AUTOCAST, BUILTIN_DATASETS, DTYPE_NAMES, LR_SCHEDULES, MODELS, OPTIMIZERS
 from ..core.faults import KINDS as FAULT_KINDS
+from ..core.sampling import PARTITIONING_USAGE
 from ..core.stragglers import USAGE as DELAY_USAGE
 from ..core.traits import PEER_SCHEMES, SCHEME_NAMES
 from ..core.wire import WIRE_DTYPES
@@ -89,6 +90,11 @@ _HELP = {
     "fixed_minibatch": "every computation of a partition uses its first minibatch, as the authors' published code "
                        "did (it re-created the data loaders every step without shuffling); to compare with the "
                        "paper's numbers",
+    "partitioning": f"how the training data is cut into the n partitions: {PARTITIONING_USAGE}; iid: a seeded "
+                    f"uniform random split; by-label: the samples sorted by class before the cut (each partition "
+                    f"holds one or two classes); dirichlet:ALPHA: each partition's class mix drawn from a "
+                    f"Dirichlet(ALPHA), seeded (small ALPHA: skewed); the last two need a classification data set "
+                    f"(docs/data.md)",
     "wire_dtype": f"number format of the gradient messages: {', '.join(WIRE_DTYPES)}; workers round their coded "
                   "gradient to it, the master widens and accumulates in --dtype (models travel in --dtype)",
     "batch_size": "minibatch size per partition gradient",

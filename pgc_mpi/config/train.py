@@ -19,6 +19,7 @@ else:  # pragma: no cover
 
 from ..choices import AUTOCAST, DEVICE_CHOICES, DTYPE_NAMES
 from ..core.faults import parse_faults
+from ..core.sampling import needs_labels, refuse_unlabelled
 from ..core.traits import PEER_SCHEMES, SCHEME_NAMES
 from ..errors import ConfigError
 from ..learning.plugins import is_spec
@@ -142,6 +143,8 @@ class TrainConfig(CoreConfig):
         self._check_servers()
         self.validate_core(workers)
         self._check_problem()
+        if self.synthetic and needs_labels(self.partitioning):
+            refuse_unlabelled(self.partitioning, f"the synthetic --problem {self.problem}")
         _positive_int("eval-every", self.eval_every)
         _positive_int("threads", self.threads)
         cores = available_cores()

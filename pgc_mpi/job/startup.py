@@ -47,7 +47,7 @@ def build_problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool 
     try:
         problem = problem_of(parts, n, cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype, partitions=partitions,
                              eval_train=cfg.eval_train, device=None if plan is None else plan.torch_device(),
-                             autocast=cfg.autocast)
+                             autocast=cfg.autocast, partitioning=cfg.partitioning)
     except torch.cuda.OutOfMemoryError as exc:
         flag = "--master-device" if plan.role == "master" else "--device"
         raise ConfigError(f"the {cfg.model} model and its data do not fit on {plan.name} "

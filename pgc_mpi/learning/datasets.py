@@ -45,6 +45,10 @@ class ArraySource:
         """A whole split ('train' or 'test')."""
         return self._train if split == "train" else self._test
 
+    def train_labels(self) -> np.ndarray:
+        """Every training label, in row order (--partitioning by class)."""
+        return np.asarray(self._train[1])
+
     def fingerprint(self) -> dict[str, str | None]:
         """The fingerprints of the training and test arrays (pgc_mpi.learning.fingerprint; test None when empty)."""
         from .fingerprint import arrays_fingerprint
@@ -81,6 +85,10 @@ class H5Source:
         """A whole split ('train' or 'test')."""
         group = self._file[split]
         return group["x"][...], group["y"][...]
+
+    def train_labels(self) -> np.ndarray:
+        """Every training label, in row order (--partitioning by class): /train/y only."""
+        return self._file["train"]["y"][...]
 
     def close(self) -> None:
         self._file.close()

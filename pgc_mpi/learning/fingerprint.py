@@ -150,9 +150,16 @@ def data_fingerprint(data: Any, what: str = "train_data") -> str:
 
 def problem_fingerprint(problem: Any) -> dict[str, str | None] | None:
     """{"train": ..., "test": ... (None without test data)} of a problem's data source, computed once per
-    source; None where there is nothing to compare: a synthetic problem (drawn from the seed), an HDF5
-    file (its checksum and content are checked on every rank when it is opened: h5check), no problem
-    (a server other than rank 0)."""
+    source, and "partitioning" (--partitioning) where the problem's partitions are cut by class (an iid
+    split adds nothing: the fingerprints of runs before --partitioning stay valid); None where there is
+    nothing to compare: a synthetic problem (drawn from the seed), an HDF5 file (its checksum and content
+    are checked on every rank when it is opened: h5check), no problem (a server other than rank 0)."""
+    found = _source_fingerprint(problem)
+    partitioning = getattr(problem, "partitioning", "iid") if found is not None else "iid"
+    return found if partitioning == "iid" else {**found, "partitioning": partitioning}
+
+
+def _source_fingerprint(problem: Any) -> dict[str, str | None] | None:
     source = getattr(problem, "source", None) if problem is not None else None
     compute = getattr(source, "fingerprint", None)
     if compute is None:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..choices import DTYPE_NAMES
-from ..core.sampling import draw_seed, minibatch_positions, partition_indices
+from ..core.sampling import draw_seed, minibatch_positions, needs_labels, partition_indices, refuse_unlabelled
 from ..errors import ConfigError
 from . import state
 from .architectures import build_model
@@ -134,7 +134,8 @@ class TorchProblem:
                  seed: int = 0, dtype: str = "float32", partitions: Iterable[int] | None = None,
                  eval_train: bool = True, device: torch.device | None = None, staged: bool | None = None,
                  pinned: bool | None = None, loss: Callable | None = None,
-                 metrics: Mapping[str, Callable] | None = None, model_label: str = ""):
+                 metrics: Mapping[str, Callable] | None = None, model_label: str = "",
+                 partitioning: str = "iid"):
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if source.info.num_test == 0 and not eval_train:
@@ -156,7 +157,8 @@ class TorchProblem:
         # the parameters' shapes in order: every rank must build the same (pgc_mpi.job.checks.same_model checks)
         self.param_shapes = [tuple(p.shape) for p in self.module.parameters()]
         self.batch_size, self.seed, self.eval_train = batch_size, seed, eval_train or info.num_test == 0
-        self.partitions = partition_indices(info.num_train, n, seed)
+        self.partitioning = partitioning
+        self.partitions = partition_indices(info.num_train, n, seed, partitioning, _labels(source, partitioning))
         self.stored = range(n) if partitions is None else sorted(set(partitions))
         self.lazy = getattr(source, "lazy", False)
         self._local = {} if self.lazy else {j: self._tensors(*source.read_train(self.partitions[j]))
@@ -395,18 +397,29 @@ class TorchProblem:
         self.flat.push()
 
 
+def _labels(source: Any, partitioning: str) -> np.ndarray | None:
+    """The training labels a partitioning by class cuts by (None for iid: it needs none); the one
+    error of --partitioning on data without class labels (a regression set)."""
+    if not needs_labels(partitioning):
+        return None
+    info = source.info
+    if info.task != "classification":
+        refuse_unlabelled(partitioning, f"data set {info.name!r} ({info.task})")
+    return source.train_labels()
+
+
 def problem_of(parts: ProblemParts, n: int, batch_size: int | None, *, seed: int = 0, dtype: str = "float32",
                partitions: Iterable[int] | None = None, eval_train: bool = True,
-               device: torch.device | None = None, autocast: str = "none") -> TorchProblem:
+               device: torch.device | None = None, autocast: str = "none", partitioning: str = "iid") -> TorchProblem:
     """The torch problem of `parts` cut into n partitions (of which `partitions`, None: all, are
-    read), seeded, on `device` (None: the CPU), its gradients computed under `autocast` (none,
-    bf16, fp16): what every command and pgc_mpi.fit build."""
+    read) as `partitioning` says (pgc_mpi.core.sampling), seeded, on `device` (None: the CPU), its
+    gradients computed under `autocast` (none, bf16, fp16): what every command and pgc_mpi.fit build."""
     if parts.source.info.num_train < n:
         raise ConfigError(f"data set {parts.source.info.name!r} has {parts.source.info.num_train} training samples, "
                           f"fewer than the {n} partitions (one per worker): use fewer workers or a larger data set")
     problem = TorchProblem(parts.model, parts.source, n, batch_size, seed=seed, dtype=dtype, partitions=partitions,
                            eval_train=eval_train, device=device, loss=parts.loss, metrics=parts.metrics,
-                           model_label=parts.model_label)
+                           model_label=parts.model_label, partitioning=partitioning)
     problem.autocast = autocast
     return problem
 
@@ -414,22 +427,24 @@ def problem_of(parts: ProblemParts, n: int, batch_size: int | None, *, seed: int
 def torch_problem(model: ModelLike, train_data: Any, *, workers: int, loss: Callable | None = None,
                   test_data: Any = None, metrics: Any = None, collate_fn: Callable | None = None,
                   batch_size: int | None = 32, seed: int = 0, dtype: str = "float32",
-                  eval_train: bool = True) -> TorchProblem:
+                  eval_train: bool = True, partitioning: str = "iid") -> TorchProblem:
     """Your model, loss and data as the problem the simulator computes (pgc_mpi.simulate): the
     arguments mean what they mean in pgc_mpi.fit; the data is cut into `workers` partitions."""
     from .parts import parts_from_objects
 
     parts = parts_from_objects(model, train_data, test_data, loss, metrics, collate_fn)
-    return problem_of(parts, workers, batch_size, seed=seed, dtype=dtype, eval_train=eval_train)
+    return problem_of(parts, workers, batch_size, seed=seed, dtype=dtype, eval_train=eval_train,
+                      partitioning=partitioning)
 
 
 def load_problem(dataset: str, model: ModelLike, n: int, batch_size: int | None, *, seed: int = 0,
                  dtype: str = "float32", partitions: Iterable[int] | None = None, eval_train: bool = True,
-                 verify: bool = True, device: torch.device | None = None, loss: str | None = None) -> TorchProblem:
+                 verify: bool = True, device: torch.device | None = None, loss: str | None = None,
+                 partitioning: str = "iid") -> TorchProblem:
     """The problem pgc-train's ranks and pgc-sim build from --dataset, --model, --loss, --batch-size,
     --dtype and --seed: `dataset` (a built-in name, an HDF5 file whose checksum is checked with
     `verify`, or PATH:NAME) cut into n partitions, of which `partitions` (None: all) are read, and
     the seeded `model` (a built-in name or PATH:NAME), computed on `device` (None: the CPU)."""
     parts = parts_from_names(model, dataset, loss, seed, verify)
     return problem_of(parts, n, batch_size, seed=seed, dtype=dtype, partitions=partitions, eval_train=eval_train,
-                      device=device)
+                      device=device, partitioning=partitioning)

@@ -146,6 +146,14 @@ class DatasetSource:
         return {"train": dataset_fingerprint(self._train, "train_data"),
                 "test": dataset_fingerprint(self._test, "test_data") if self._test is not None else None}
 
+    def train_labels(self) -> np.ndarray:
+        """Every training label, in row order (--partitioning by class): the Dataset's `targets` where it
+        has them (torchvision's), else one pass over the training data."""
+        targets = getattr(self._train, "targets", None)
+        if targets is not None and len(targets) == len(self._train):
+            return np.asarray(targets)
+        return self.read_split("train")[1].numpy()
+
     def count_classes(self) -> int:
         """Classes 0..K-1 of a classification set without `classes`: one pass over every label."""
         y = torch.cat([self.read_split("train")[1]] + ([self.read_split("test")[1]] if self._test is not None else []))

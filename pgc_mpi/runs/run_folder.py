@@ -98,14 +98,20 @@ def _check_same_run(cfg: TrainConfig, workers: int, out: Path) -> None:
 
 def data_differences(recorded: dict[str, Any] | None, fingerprint: dict[str, str | None] | None) -> list[str]:
     """The splits ('training', 'test') whose data differ from those a config.json recorded
-    (`data_fingerprint`, pgc_mpi.learning.fingerprint). Unknown is no difference: a config.json
+    (`data_fingerprint`, pgc_mpi.learning.fingerprint), and 'partitioning X (this run: Y)' where the
+    partitions are cut otherwise (--partitioning; a record without one was iid). Unknown is no difference: a config.json
     written before fingerprints were recorded, or data without one (an HDF5 file, a synthetic
     problem), so that such runs still resume."""
     theirs = (recorded or {}).get("data_fingerprint")
     if not theirs or fingerprint is None:
         return []
-    return [word for split, word in (("train", "training"), ("test", "test"))
-            if split in theirs and theirs[split] != fingerprint.get(split)]
+    found = [word for split, word in (("train", "training"), ("test", "test"))
+             if split in theirs and theirs[split] != fingerprint.get(split)]
+    # the partitions too (--partitioning; absent: iid): the same data cut otherwise is another run
+    if theirs.get("partitioning", "iid") != fingerprint.get("partitioning", "iid"):
+        found.append(f"partitioning {theirs.get('partitioning', 'iid')} (this run: "
+                     f"{fingerprint.get('partitioning', 'iid')})")
+    return found
 
 
 def check_same_data(cfg: TrainConfig, problem: Any) -> None:
@@ -121,6 +127,9 @@ def check_same_data(cfg: TrainConfig, problem: Any) -> None:
     mine = problem_fingerprint(problem)
     recorded = _recorded(out)
     changed = data_differences(recorded, mine)
+    if changed and changed[-1].startswith("partitioning"):
+        raise ConfigError(f"--resume {cfg.resume}: this run's partitions differ from those of the run in {out}: "
+                          f"{changed[-1]}; resume with the run's --partitioning, or use another --out")
     if changed:
         theirs = recorded["data_fingerprint"]
         split = "train" if "training" in changed else "test"

@@ -50,7 +50,8 @@ def run_simulated(options: dict[str, Any], workers: int, out: Path) -> None:
     problem_options = {k: options.get(k, getattr(defaults, k)) for k in PROBLEM_OPTIONS}
     problem = load_problem(problem_options["dataset"], problem_options["model"], workers,
                            problem_options["batch_size"], seed=cfg.seed, dtype=problem_options["dtype"],
-                           eval_train=problem_options["eval_train"], loss=problem_options["loss"])
+                           eval_train=problem_options["eval_train"], loss=problem_options["loss"],
+                           partitioning=cfg.partitioning)
     scheme = cfg.make_scheme(workers)
     write_json(out / "config.json", {"config": {**dataclasses.asdict(cfg), **problem_options}, "workers": workers,
                                      "backend": "sim", **cfg.scheme_shape(scheme), "parameters": problem.dim})

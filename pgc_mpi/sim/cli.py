@@ -37,6 +37,7 @@ from ..config import (
     refuse_mixed_problem,
     show_default,
 )
+from ..core.sampling import needs_labels, refuse_unlabelled
 from ..core.traits import PEER_SCHEMES, SCHEME_NAMES, traits
 from ..errors import ConfigError, PgcError
 from ..learning.problems import PROBLEMS, Problem
@@ -79,8 +80,9 @@ class ProblemChoice:
     def is_torch(self) -> bool:
         return self.synthetic is None
 
-    def build(self, workers: int, seed: int, verify: bool = True) -> Problem:
-        """The problem of one seed (`verify`: check the data file's checksum; once per run is enough)."""
+    def build(self, workers: int, seed: int, verify: bool = True, partitioning: str = "iid") -> Problem:
+        """The problem of one seed (`verify`: check the data file's checksum; once per run is enough), its
+        training data cut as `partitioning` says (--partitioning; a synthetic problem's are iid)."""
         if not self.is_torch:
             return PROBLEMS[self.synthetic](workers, samples=self.samples, dim=self.dim, batch_size=self.batch_size,
                                             seed=seed if self.data_seed is None else self.data_seed)
@@ -92,7 +94,8 @@ class ProblemChoice:
         # threads that spin on busy cores cost several times the compute (measured: 6x CPU at 2 threads)
         torch.set_num_threads(self.threads)
         return load_problem(self.dataset, self.model, workers, self.batch_size, seed=seed, dtype=self.dtype,
-                            eval_train=self.eval_train, verify=verify and self.verify_data, loss=self.loss)
+                            eval_train=self.eval_train, verify=verify and self.verify_data, loss=self.loss,
+                            partitioning=partitioning)
 
     def describe(self) -> str:
         return f"{self.model} on {self.dataset}" if self.is_torch else f"{self.synthetic} problem"
@@ -194,6 +197,8 @@ def _synthetic_choice(args: argparse.Namespace) -> ProblemChoice:
     _refuse(args, tuple(name for name in TORCH if name not in ("model", "dataset", "loss")),
             "only to a torch problem (--model/--dataset)")
     values = {name: _or(getattr(args, name), SYNTHETIC[name]) for name in ("problem", "samples", "dim")}
+    if needs_labels(args.partitioning):
+        refuse_unlabelled(args.partitioning, f"the synthetic --problem {values['problem']}")
     _positive_ints(values, ("samples", "dim"))
     return ProblemChoice(values["problem"], values["samples"], values["dim"], None, None, None, args.batch_size,
                          None, None, None, None)
@@ -299,10 +304,10 @@ def run_all(configs: dict[str, SimConfig], problem: ProblemChoice, first_seed: i
     from .simulator import simulate  # torch: only once every configuration is known to be valid
 
     results: dict[str, list[SimResult]] = {name: [] for name in configs}
-    workers = next(iter(configs.values())).workers
+    workers, partitioning = next(iter(configs.values())).workers, next(iter(configs.values())).partitioning
     for seed in range(first_seed, first_seed + seeds):
         began = time.perf_counter()
-        built = problem.build(workers, seed, verify=seed == first_seed)  # one data file: check it once
+        built = problem.build(workers, seed, verify=seed == first_seed, partitioning=partitioning)  # check once
         print(f"built the {problem.describe()} (seed {seed}, {built.dim} parameters) in "
               f"{time.perf_counter() - began:.2f} s", file=sys.stderr)
         for name, cfg in configs.items():
@@ -316,17 +321,19 @@ def run_all(configs: dict[str, SimConfig], problem: ProblemChoice, first_seed: i
 
 def write_records(path: Path, results: dict[str, list[SimResult]]) -> None:
     """Every run's step records and evaluations (marked "event": "eval", as in pgc-train's metrics)
-    as JSON lines, each with its scheme and seed."""
+    as JSON lines, each with its scheme and seed (and its --partitioning where it is not iid)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:
         for name, runs in results.items():
             for res in runs:
                 evals = {e["step"]: e for e in res.evals}
+                run = {"scheme": name, "seed": res.config.seed}
+                if res.config.partitioning != "iid":
+                    run["partitioning"] = res.config.partitioning
                 for rec in res.records:
-                    fh.write(json.dumps({"scheme": name, "seed": res.config.seed, **rec}) + "\n")
+                    fh.write(json.dumps({**run, **rec}) + "\n")
                     if rec["step"] in evals:
-                        fh.write(json.dumps({"scheme": name, "seed": res.config.seed, "event": "eval",
-                                             **evals[rec["step"]]}) + "\n")
+                        fh.write(json.dumps({**run, "event": "eval", **evals[rec["step"]]}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -342,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     key = target.key(next(iter(results.values()))[0])
     staleness = f"; --max-staleness {args.max_staleness}, --on-stale {args.on_stale}"
+    staleness += f"; --partitioning {args.partitioning}" if args.partitioning != "iid" else ""
     print(format_table(summarize(results, target), target, key, args.fr_decode, staleness))
     if args.out is not None:
         write_records(args.out, results)

@@ -36,6 +36,7 @@ from ..core.message import Layout, Message, buffers_per_message, gradient_header
 from ..core.schemes import CodedScheme, PbsScheme
 from ..core.stragglers import DelayModel
 from ..core.wire import wire_format
+from ..errors import ConfigError
 from ..learning.diagnostics import TableDiagnostics
 from ..learning.optim import FlatOptimizer, Recipe
 from ..learning.problems import Problem, accuracy_key, loss_key, with_sampling
@@ -311,7 +312,12 @@ def _problem_of(cfg: SimConfig, problem: Problem | None, yours: dict) -> Problem
     if problem is None:
         from ..learning.models import torch_problem
 
-        problem = torch_problem(workers=cfg.workers, seed=cfg.seed, **yours)
+        problem = torch_problem(workers=cfg.workers, seed=cfg.seed, partitioning=cfg.partitioning, **yours)
+    cut = getattr(problem, "partitioning", "iid")
+    if cut != cfg.partitioning:  # the problem's partitions are cut when it is built: they cannot follow cfg
+        raise ConfigError(f"--partitioning {cfg.partitioning}: the problem given was cut {cut}; build it with "
+                          f"partitioning={cfg.partitioning!r} (pgc_mpi.torch_problem, load_problem), or simulate "
+                          f"with partitioning={cut!r}")
     return with_sampling(problem, cfg.fixed_minibatch, cfg.accumulate)
 
 
