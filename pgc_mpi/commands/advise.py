@@ -26,10 +26,12 @@ from ..core.schemes import SCHEME_NAMES
 from ..errors import PgcError
 from ..runs.delays import WARMUP
 from ..runs.probe import Probe, read_probe
+from ..sim.recommend import MARGIN
 from . import advise_report as report
 
 PROG = "pgc-advise"
 DEFAULT_SEEDS = 3
+SEED_BUDGET = 4  # --max-seeds by default: this many times --seeds
 DEFAULT_MAX_STEPS = 500
 EVAL_EVERY = {True: 1, False: 5}  # synthetic problem, torch problem: whole-data evaluations cost more there
 
@@ -57,7 +59,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--s", default="1,2,3", help="comma-separated s values to try, those valid for the run's "
                                                 "workers and each scheme (default: %(default)s)")
     p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
-                   help="seeds per candidate: the probe's seed and the next ones (default: %(default)s)")
+                   help="seeds per candidate to start with: the probe's seed and the next ones (default: "
+                        "%(default)s)")
+    p.add_argument("--max-seeds", type=int, default=None,
+                   help="while the leader is not separated from another candidate (their paired time ratio's "
+                        "interval holds 1 but its mean is not within 5%% of 1, or the leader changes), the "
+                        "contenders run on twice as many seeds, up to this many (default: "
+                        f"{SEED_BUDGET} x --seeds)")
     p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS,
                    help="simulated steps at most per run (default: %(default)s)")
     p.add_argument("--eval-every", type=int, default=None,
@@ -125,13 +133,15 @@ def target_of(args: argparse.Namespace, probe: Probe):
 def advise(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """The advice as --json prints it (traces and the master's cost model written into `folder`)."""
     from ..sim import advice
-    from ..sim.recommend import recommend
 
     probe = read_probe(args.run, args.warmup)
     target = target_of(args, probe)
-    for value, what in ((args.seeds, "--seeds"), (args.max_steps, "--max-steps")):
+    max_seeds = SEED_BUDGET * args.seeds if args.max_seeds is None else args.max_seeds
+    for value, what in ((args.seeds, "--seeds"), (args.max_steps, "--max-steps"), (max_seeds, "--max-seeds")):
         if value < 1:
             raise AdviseError(f"{what} must be a positive integer, got {value}")
+    if max_seeds < args.seeds:
+        raise AdviseError(f"--max-seeds {max_seeds} is below --seeds {args.seeds}: give at least as many")
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     unknown = [s for s in schemes if s not in SCHEME_NAMES]
     if unknown or not schemes:
@@ -149,9 +159,7 @@ def advise(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     planned, skipped = advice.plan(schemes, _ints(args.s, "--s"), base)
     if not planned:
         raise AdviseError(f"no candidate runs on {probe.workers} workers: {'; '.join(skipped)}")
-    delays = advice.replay(probe, args.delay_model, args.max_steps, args.seeds, folder)
-    results = advice.simulate_all(planned, problem, args.seeds, delays, target)
-    chosen = recommend(results)
+    delays, results, chosen, rounds = adaptive(probe, args, folder, planned, problem, target, max_seeds)
     if chosen is None:
         partly = ", ".join(r.name for r in results if r.reached)
         key = target.key(probe.last_eval) if probe.last_eval else None
@@ -163,9 +171,14 @@ def advise(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                           f"can reach, e.g. {example}, or raise --max-steps")
     results.sort(key=lambda r: (not r.counted, r.time.mean if r.counted else math.inf))
     d = probe.delays
+    seeds = max(r.seeds for r in results)
     return {
         "recommended": {"scheme": chosen.choice.scheme, "s": chosen.choice.s, "clear": chosen.clear,
                         "tie": [{"scheme": r.scheme, "s": r.s} for r in chosen.tie], "why": chosen.describe(),
+                        "settled": chosen.settled, "margin": MARGIN,
+                        "unsure": [{"scheme": r.scheme, "s": r.s} for r in chosen.unsure],
+                        "seed_rounds": rounds,
+                        "note": report.seeds_note(chosen, rounds, max_seeds, probe.steps_measured),
                         "commands": report.train_commands(probe, chosen.choice)},
         "candidates": [report.row_of(r, chosen) for r in results],
         "delays": {"messages": d.overall.count, "steps": probe.steps_measured, "warmup": d.warmup,
@@ -177,26 +190,64 @@ def advise(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "used": delays.used,
         "compute_time": base["compute_time"], "compute_per_worker": {str(w): c for w, c in probe.compute.items()},
         "master_cost": cost, "master_parts": probe.master,
-        "target": {"kind": target.kind, "value": target.value}, "seeds": args.seeds, "max_steps": args.max_steps,
+        "target": {"kind": target.kind, "value": target.value}, "seeds": seeds, "start_seeds": args.seeds,
+        "max_seeds": max_seeds, "max_steps": args.max_steps,
         "eval_every": eval_every, "skipped": skipped,
         "probe": {"run": str(probe.path), "scheme": probe.scheme, "workers": probe.workers, "program": probe.program,
                   "problem": problem.describe(), "reached": _reached(probe), "text": probe.describe()},
     }
 
 
+def adaptive(probe: Probe, args: argparse.Namespace, folder: Path, planned: dict, problem, target, max_seeds: int):
+    """Every candidate on --seeds seeds, then, while the recommendation is not settled (a candidate
+    unsure against the fastest) or the fastest changed, the contenders (the fastest, the tied and
+    the unsure: pgc_mpi.sim.recommend.contenders) on twice as many, up to `max_seeds`. Returns
+    the Replay, the candidates' results, the Recommendation (None: no candidate reached the target
+    on every seed) and the seed counts of the rounds."""
+    from ..sim import advice
+    from ..sim.recommend import contenders, recommend
+
+    total = args.seeds
+    delays = advice.replay(probe, args.delay_model, args.max_steps, total, folder)
+    runs = advice.simulate_seeds(planned, problem, 0, total, delays)
+    results = [advice.summarize(c, runs[c], target) for c in planned]
+    chosen, rounds, leader = recommend(results), [total], None
+    while chosen is not None and total < max_seeds and (not chosen.settled
+                                                         or leader not in (None, chosen.fastest.name)):
+        leader, more = chosen.fastest.name, {r.name for r in contenders(chosen)}
+        total = min(2 * total, max_seeds)
+        delays = advice.replay(probe, args.delay_model, args.max_steps, total, folder)
+        for c in planned:
+            if c.name in more and len(runs[c]) < total:
+                runs[c] += advice.simulate_seeds({c: planned[c]}, problem, len(runs[c]), total, delays)[c]
+        results = [advice.summarize(c, runs[c], target) for c in planned]
+        chosen = recommend(results)
+        rounds.append(total)
+    return delays, results, chosen, rounds
+
+
 def text(result: dict[str, Any]) -> str:
     """The advice as pgc-advise prints it."""
     p, rec = result["probe"], result["recommended"]
     lines = [p["text"], "", f"simulated: every candidate on {p['problem']} with {p['workers']} workers, "
-             f"{result['seeds']} seed(s), up to {result['max_steps']} steps, evaluated every {result['eval_every']}; "
+             f"{_seeds(result)}, up to {result['max_steps']} steps, evaluated every {result['eval_every']}; "
              f"compute {result['compute_time']:.4g} s per gradient; delays: {result['used']}, "
              f"{result['delays']['replayed']}; master cost: {result['master_cost'] or 'none'}",
              f"target {result['target']['kind']} {result['target']['value']:g}; time to target: mean [95% interval, "
-             f"Student t] over the seeds that reached it, in simulated seconds", "",
+             f"Student t] over the seeds that reached it, in simulated seconds; vs recommended: its time over "
+             f"the recommendation's, paired by seed, mean [95% interval]", "",
              report.table(result["candidates"]), "", rec["why"], *(f"  {c}" for c in rec["commands"])]
+    if rec["note"]:
+        lines += ["", rec["note"]]
     if result["skipped"]:
         lines += ["", "left out:", *(f"  {s}" for s in result["skipped"])]
     return "\n".join(lines)
+
+
+def _seeds(result: dict[str, Any]) -> str:
+    rounds = result["recommended"]["seed_rounds"]
+    more = f" (the contenders; {' then '.join(map(str, rounds))})" if len(rounds) > 1 else ""
+    return f"{result['seeds']} seed(s){more} of at most {result['max_seeds']}"
 
 
 def write_out(result: dict[str, Any], out: Path) -> list[str]:
@@ -205,6 +256,7 @@ def write_out(result: dict[str, Any], out: Path) -> list[str]:
 
     (out / "advice.md").write_text(f"# pgc-advise {result['probe']['run']}\n\n```\n{result['probe']['text']}\n```\n\n"
                                    f"{report.markdown_table(result['candidates'])}\n\n{result['recommended']['why']}\n\n"
+                                   + (f"{result['recommended']['note']}\n\n" if result['recommended']['note'] else "")
                                    + "".join(f"    {c}\n" for c in result["recommended"]["commands"]))
     report.write_csv(result["candidates"], out / "advice.csv")
     if not have_matplotlib():

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..config.options import build_parser
 from ..runs.probe import Probe
-from ..sim.recommend import CandidateResult, Recommendation
+from ..sim.recommend import MARGIN, CandidateResult, Recommendation
 
 # The probe's flags that the recommendation replaces (the scheme's own ones among them), that
 # belong to the probe's folder (--out, --resume, --overwrite) and length (--steps: the real run's),
@@ -21,7 +21,7 @@ from ..sim.recommend import CandidateResult, Recommendation
 REPLACED = ("--scheme", "--stragglers", "--c", "--replication", "--adapt", "--out", "--resume", "--overwrite",
             "--resume-other-data", "--steps", "--threads")
 COLUMNS = ("scheme", "s", "reached", "time to target (s)", "steps to target", "time/step (s)", "final loss",
-           "final acc", "")
+           "final acc", "vs recommended", "")
 
 
 def _number(value: float) -> float | None:
@@ -30,14 +30,40 @@ def _number(value: float) -> float | None:
 
 
 def row_of(r: CandidateResult, advice: Recommendation | None) -> dict[str, Any]:
-    """One candidate as a JSON-able row (times in simulated seconds; None: not reached, or no value)."""
+    """One candidate as a JSON-able row (times in simulated seconds; None: not reached, or no value).
+    `times`: per seed (None: not reached); `ratio`, `ratio_low`, `ratio_high`: its time over the
+    recommendation's, paired by seed, mean and 95% interval; `verdict`: against the fastest
+    (pgc_mpi.sim.recommend.VERDICTS)."""
     chosen = advice is not None and advice.choice == r
+    ratio = r.ratio_to(advice.choice) if advice is not None else None
+    comparison = advice.comparisons.get(r.name) if advice is not None else None
     return {"scheme": r.scheme, "s": r.s, "seeds": r.seeds, "reached": r.reached,
             "time_to_target": _number(r.time.mean), "time_low": _number(r.time.low),
             "time_high": _number(r.time.high), "steps_to_target": _number(r.steps.mean),
             "step_time": _number(r.step_time.mean), "final_loss": _number(r.final_loss),
             "final_accuracy": _number(r.final_accuracy), "recommended": chosen,
-            "tie": advice is not None and r in advice.tie}
+            "tie": advice is not None and r in advice.tie,
+            "ratio": _number(ratio.mean) if ratio else None, "ratio_low": _number(ratio.low) if ratio else None,
+            "ratio_high": _number(ratio.high) if ratio else None,
+            "verdict": comparison.verdict if comparison else None,
+            "times": [None if math.isinf(t) else t for t in r.times]}
+
+
+def seeds_note(advice: Recommendation, rounds: list[int], max_seeds: int, probe_steps: int) -> str:
+    """What more seeds did, and, when the advice is not sure, what would settle it ("" when the
+    first seeds settled it)."""
+    if advice.settled and len(rounds) == 1:
+        return ""
+    fastest = advice.fastest or advice.choice
+    grown = (f"seeds: {' -> '.join(map(str, rounds))} for the contenders (the fastest, the tied and the unsure), "
+             f"to separate the leader")
+    if advice.settled:
+        return f"{grown}: settled."
+    names = ", ".join(r.name for r in advice.unsure)
+    return (f"{grown}: NOT SURE after {rounds[-1]} seeds (--max-seeds {max_seeds}): {names} against {fastest.name} "
+            f"is neither a tie (paired ratio within ±{MARGIN:.0%} of 1) nor separated. More seeds (--max-seeds "
+            f"{2 * max_seeds}) would narrow the paired interval; a longer probe (it measured {probe_steps} steps) "
+            f"would replay more of the cluster's delays, its rare long ones included, in every seed.")
 
 
 def _g(value: float | None, digits: int = 4) -> str:
@@ -49,9 +75,14 @@ def cells(row: dict[str, Any]) -> list[str]:
     time = _g(row["time_to_target"])
     if row["time_low"] is not None:
         time += f" [{_g(row['time_low'])}, {_g(row['time_high'])}]"
-    mark = "<- recommended" if row["recommended"] else "tie" if row["tie"] else ""
+    mark = "<- recommended" if row["recommended"] else "tie" if row["tie"] else \
+        "unsure" if row.get("verdict") == "unsure" else ""
+    ratio = _g(row.get("ratio"), 3)
+    if row.get("ratio_low") is not None:
+        ratio += f" [{_g(row['ratio_low'], 3)}, {_g(row['ratio_high'], 3)}]"
     return [row["scheme"], "-" if row["s"] is None else str(row["s"]), f"{row['reached']}/{row['seeds']}", time,
-            _g(row["steps_to_target"]), _g(row["step_time"]), _g(row["final_loss"]), _g(row["final_accuracy"]), mark]
+            _g(row["steps_to_target"]), _g(row["step_time"]), _g(row["final_loss"]), _g(row["final_accuracy"]),
+            ratio, mark]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -73,7 +104,8 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     with path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
-        writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
+        writer.writerows({k: "" if v is None else " ".join("" if t is None else f"{t:.6g}" for t in v)
+                          if isinstance(v, list) else v for k, v in r.items()} for r in rows)
 
 
 def kept_flags(command_line: tuple[str, ...]) -> list[str]:

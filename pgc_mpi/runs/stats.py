@@ -144,3 +144,12 @@ def paired_line(what: str, values: dict[str, Sequence[float]], unit: str, scale:
     ratio = interval([y / x for x, y in zip(first, second)])
     return (f"{what}: {a} {scale * float(np.mean(first)):.2f} {unit}, {b} {scale * float(np.mean(second)):.2f} "
             f"{unit}, {b}/{a} {ratio.mean:.3f} [{ratio.low:.3f}, {ratio.high:.3f}]")
+
+
+def paired_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> Interval:
+    """The ratio of the first to the second, taken pair by pair (pair k = seed k, over the common
+    pairs: the shorter length), its mean and 95% interval; a pair where either is not finite or
+    the denominator is 0 is left out (nan: no pair left)."""
+    ratios = [a / b for a, b in zip(numerators, denominators)
+              if math.isfinite(a) and math.isfinite(b) and b != 0]
+    return interval(ratios)

@@ -233,11 +233,20 @@ def master_cost(probe: Probe, folder: Path) -> str | None:
 def simulate_all(planned: dict[Candidate, SimConfig], problem: ProblemChoice, seeds: int, delays: Replay,
                  target: Target) -> list[CandidateResult]:
     """Every candidate on every seed (the probe's seed, then the next ones), summarized."""
+    runs = simulate_seeds(planned, problem, 0, seeds, delays)
+    return [summarize(c, runs[c], target) for c in planned]
+
+
+def simulate_seeds(planned: dict[Candidate, SimConfig], problem: ProblemChoice, start: int, stop: int,
+                   delays: Replay) -> dict[Candidate, list[SimResult]]:
+    """Every candidate on the seeds of index `start` to `stop` - 1 (index 0: the probe's seed;
+    `delays` must hold a spec for each): {candidate: [result per seed]}. pgc-advise calls it again
+    with later seeds for the candidates more seeds could move."""
     configs = {c.name: cfg for c, cfg in planned.items()}
     first = next(iter(configs.values())).seed
-    results = run_all(configs, problem, first, seeds,
+    results = run_all(configs, problem, first + start, stop - start,
                       per_seed=lambda name, cfg: dataclasses.replace(cfg, delay=delays.spec(cfg.seed - first, cfg)))
-    return [summarize(c, results[c.name], target) for c in planned]
+    return {c: results[c.name] for c in planned}
 
 
 def summarize(candidate: Candidate, runs: list[SimResult], target: Target) -> CandidateResult:
@@ -251,6 +260,7 @@ def summarize(candidate: Candidate, runs: list[SimResult], target: Target) -> Ca
         return float(np.mean(values)) if values else math.nan
 
     return CandidateResult(candidate.scheme, candidate.s, len(runs), len(reached),
+                           times=tuple(math.inf if h is None else float(h["wall_time"]) for h in hits),
                            time=interval([h["wall_time"] for h in reached]),
                            steps=interval([h["step"] + 1 for h in reached]),
                            step_time=interval([res.median_step_time() for res in runs]),
