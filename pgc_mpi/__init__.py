@@ -23,7 +23,7 @@ _LAZY = {
     "FitResult": "job.fitting",
     "SimConfig": "config",
     "simulate": "sim.simulator",
-    "replay": "sim.simulator",
+    "replay": "sim.replay",
     "SimResult": "sim.simulator",
     "LeastSquares": "learning.problems",
     "Logistic": "learning.problems",

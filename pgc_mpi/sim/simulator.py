@@ -23,7 +23,6 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, partial
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,9 +42,6 @@ from ..learning.problems import Problem, accuracy_key, loss_key, with_sampling
 from ..runs.metrics import master_times
 from .master_cost import load as load_master_cost
 from .messages import MessageBuilder
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass

@@ -194,7 +194,7 @@ def test_stop_signal_through_slurm_keeps_the_metrics(slurm, tmp_path):
 def test_a_segment_left_by_a_killed_job_does_not_hang_the_next_one(slurm, tmp_path):
     """The start-up hang seen under srun, made to happen: kill an srun MPI job with SIGKILL (its
     /dev/shm segment stays), give the segment the name the next job's step will use, and run that
-    job. Without pgc_mpi.runtime.shm's clean-up its ranks open the stale segment and spin in MPI_Init."""
+    job. Without pgc_mpi.job.shm's clean-up its ranks open the stale segment and spin in MPI_Init."""
     hold = ("import os, time; from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); "  # past it: every rank is up
             "MPI.COMM_WORLD.rank or print(os.environ['SLURM_JOB_ID'], flush=True); time.sleep(300)")
     before = {p.name for p in Path("/dev/shm").glob("mpich_shm_*")}

@@ -41,7 +41,7 @@ def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
         time.sleep(0.2)
     os.killpg(job.pid, signal.SIGKILL)  # the whole job dies at once, mid-step: no goodbye
     job.wait(timeout=30)
-    assert not leaked_segments(segments)  # nothing left in /dev/shm to hang a later job (pgc_mpi.runtime.shm)
+    assert not leaked_segments(segments)  # nothing left in /dev/shm to hang a later job (pgc_mpi.job.shm)
     latest = sorted((cut / "checkpoints").glob("ckpt-*.h5"))[-1]
     at = int(latest.stem.split("-")[1])
     # the same run resumed (its delay too: a resume must describe the same run; dgd's trajectory ignores it)
