@@ -136,17 +136,7 @@ def advise(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
     probe = read_probe(args.run, args.warmup)
     target = target_of(args, probe)
-    max_seeds = SEED_BUDGET * args.seeds if args.max_seeds is None else args.max_seeds
-    for value, what in ((args.seeds, "--seeds"), (args.max_steps, "--max-steps"), (max_seeds, "--max-seeds")):
-        if value < 1:
-            raise AdviseError(f"{what} must be a positive integer, got {value}")
-    if max_seeds < args.seeds:
-        raise AdviseError(f"--max-seeds {max_seeds} is below --seeds {args.seeds}: give at least as many")
-    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
-    unknown = [s for s in schemes if s not in SCHEME_NAMES]
-    if unknown or not schemes:
-        raise AdviseError(f"--schemes: {', '.join(unknown) or 'none given'}: choose among {', '.join(SCHEME_NAMES)} "
-                          f"(ddp is not simulated; dgd stands for it: it waits for every worker too)")
+    max_seeds, schemes = _budget_and_schemes(args)
     problem = advice.problem_choice(probe, args.model, args.dataset, args.loss)
     cost = {"probe": lambda: advice.master_cost(probe, folder), "none": lambda: None}.get(
         args.master_cost, lambda: args.master_cost)()
@@ -161,14 +151,7 @@ def advise(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         raise AdviseError(f"no candidate runs on {probe.workers} workers: {'; '.join(skipped)}")
     delays, results, chosen, rounds = adaptive(probe, args, folder, planned, problem, target, max_seeds)
     if chosen is None:
-        partly = ", ".join(r.name for r in results if r.reached)
-        key = target.key(probe.last_eval) if probe.last_eval else None
-        example = (f"the {target.kind} it reached ({probe.last_eval[key]:.4g} at step {probe.last_eval.get('step')})"
-                   if key is not None else "one its evaluations show")
-        raise AdviseError(f"target {target.describe()} not reached by any candidate "
-                          f"{'on every seed ' if partly else ''}in {args.max_steps} simulated steps"
-                          f"{f' (only on some seeds: {partly})' if partly else ''}: choose a target the probe's model "
-                          f"can reach, e.g. {example}, or raise --max-steps")
+        raise _not_reached(probe, target, results, args.max_steps)
     results.sort(key=lambda r: (not r.counted, r.time.mean if r.counted else math.inf))
     d = probe.delays
     seeds = max(r.seeds for r in results)
@@ -196,6 +179,34 @@ def advise(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "probe": {"run": str(probe.path), "scheme": probe.scheme, "workers": probe.workers, "program": probe.program,
                   "problem": problem.describe(), "reached": _reached(probe), "text": probe.describe()},
     }
+
+
+def _budget_and_schemes(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """(the seed budget, the candidate schemes) of the command line, checked (AdviseError)."""
+    max_seeds = SEED_BUDGET * args.seeds if args.max_seeds is None else args.max_seeds
+    for value, what in ((args.seeds, "--seeds"), (args.max_steps, "--max-steps"), (max_seeds, "--max-seeds")):
+        if value < 1:
+            raise AdviseError(f"{what} must be a positive integer, got {value}")
+    if max_seeds < args.seeds:
+        raise AdviseError(f"--max-seeds {max_seeds} is below --seeds {args.seeds}: give at least as many")
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    unknown = [s for s in schemes if s not in SCHEME_NAMES]
+    if unknown or not schemes:
+        raise AdviseError(f"--schemes: {', '.join(unknown) or 'none given'}: choose among {', '.join(SCHEME_NAMES)} "
+                          f"(ddp is not simulated; dgd stands for it: it waits for every worker too)")
+    return max_seeds, schemes
+
+
+def _not_reached(probe: Probe, target, results: list, max_steps: int) -> AdviseError:
+    """The error when no candidate reached the target on every seed: what the probe reached, and what to do."""
+    partly = ", ".join(r.name for r in results if r.reached)
+    key = target.key(probe.last_eval) if probe.last_eval else None
+    example = (f"the {target.kind} it reached ({probe.last_eval[key]:.4g} at step {probe.last_eval.get('step')})"
+               if key is not None else "one its evaluations show")
+    return AdviseError(f"target {target.describe()} not reached by any candidate "
+                       f"{'on every seed ' if partly else ''}in {max_steps} simulated steps"
+                       f"{f' (only on some seeds: {partly})' if partly else ''}: choose a target the probe's model "
+                       f"can reach, e.g. {example}, or raise --max-steps")
 
 
 def adaptive(probe: Probe, args: argparse.Namespace, folder: Path, planned: dict, problem, target, max_seeds: int):

@@ -10,6 +10,7 @@ folder, metrics, checkpoints, `resume="auto"`, signals, deadlines and faults.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -88,35 +89,39 @@ def fit(model: Any = None, train_data: Any = None, *, loss: Callable | str | Non
     SIGUSR1) ends the job as under pgc-train: a checkpoint, the summary, exit status 3 (resume
     with resume="auto").
     """
-    from .entry import prepare_process
-    from .recipe import RecipeObjects
-    from .roles import JobOutcome
-    from .train import run_job
+    from . import entry, recipe, roles, train  # lazily: they import mpi4py, FitResult alone must not
 
-    prepare_process("pgc_mpi.fit")
-    make_parts = None
-    if not all(isinstance(x, str) or x is None for x in (model, loss)) or train_data is not None or metrics:
-        make_parts = _parts_factory(model, train_data, test_data, loss, metrics, collate_fn)
-
-    def configure() -> TrainConfig:  # on rank 0, whose errors every rank turns into its exit status
-        if test_data is not None and train_data is None:
-            raise ConfigError("test_data needs train_data: give both, or neither to use the dataset option")
-        if train_data is not None and "dataset" in options:
-            raise ConfigError("train_data and the dataset option exclude each other: give one of them")
-        named = {key: value for key, value in (("optimizer", optimizer), ("scheduler", scheduler)) if value is not None}
-        return config_from_options({**options, **_labels(model, train_data, loss),
-                                    **{key: value if isinstance(value, str) else _label(value)
-                                       for key, value in named.items()}})
-
-    outcome = JobOutcome()
-    recipe = RecipeObjects(optimizer=None if optimizer is None or isinstance(optimizer, str) else optimizer,
-                           scheduler=None if scheduler is None or isinstance(scheduler, str) else scheduler,
-                           callbacks=tuple(callbacks or ()))
-    code = run_job(configure, [*sys.argv[1:]], make_parts, outcome, prog="pgc_mpi.fit", recipe=recipe)
+    entry.prepare_process("pgc_mpi.fit")
+    given = not all(isinstance(x, str) or x is None for x in (model, loss)) or train_data is not None or metrics
+    make_parts = _parts_factory(model, train_data, test_data, loss, metrics, collate_fn) if given else None
+    # on rank 0, whose errors every rank turns into its exit status
+    configure = functools.partial(_configuration, model, train_data, test_data, loss, optimizer, scheduler, options)
+    outcome = roles.JobOutcome()
+    factories = {key: None if isinstance(value, str) else value for key, value in
+                 (("optimizer", optimizer), ("scheduler", scheduler))}  # a name is the configuration's
+    objects = recipe.RecipeObjects(**factories, callbacks=tuple(callbacks or ()))
+    code = train.run_job(configure, [*sys.argv[1:]], make_parts, outcome, prog="pgc_mpi.fit", recipe=objects)
     if code != 0:
         raise SystemExit(code)
-    if outcome.summary is None:  # a worker
-        return None
+    return None if outcome.summary is None else _result(outcome)  # None: a worker
+
+
+def _configuration(model: Any, train_data: Any, test_data: Any, loss: Any, optimizer: Any, scheduler: Any,
+                   options: dict[str, Any]) -> TrainConfig:
+    """fit's configuration: its options, with labels for the objects given (the model, the data,
+    the loss, a factory optimizer or scheduler); a ConfigError for data given two ways or half."""
+    if test_data is not None and train_data is None:
+        raise ConfigError("test_data needs train_data: give both, or neither to use the dataset option")
+    if train_data is not None and "dataset" in options:
+        raise ConfigError("train_data and the dataset option exclude each other: give one of them")
+    named = {key: value for key, value in (("optimizer", optimizer), ("scheduler", scheduler)) if value is not None}
+    return config_from_options({**options, **_labels(model, train_data, loss),
+                                **{key: value if isinstance(value, str) else _label(value)
+                                   for key, value in named.items()}})
+
+
+def _result(outcome: Any) -> FitResult:
+    """Rank 0's FitResult of a finished job, the trained module (if any) holding its parameters."""
     trained = getattr(outcome.problem, "module", None)
     if trained is not None:
         outcome.problem.set_params(outcome.params)

@@ -148,6 +148,14 @@ def test_no_module_is_much_longer_than_450_lines():
     assert not long, f"split these modules: {long}"
 
 
+def test_no_function_is_longer_than_60_lines():
+    """A function that does one thing reads on one screen (its docstring counted)."""
+    long = {f"{m}.{f.name}": f.end_lineno - f.lineno + 1 for m, p in MODULES.items()
+            for f in ast.walk(ast.parse(p.read_text())) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and f.end_lineno - f.lineno + 1 > 60}
+    assert not long, f"split these functions: {long}"
+
+
 def test_the_rules_hold_at_run_time_too():
     """Importing the configuration, pgc-sim's and pgc-bench's commands loads neither torch nor mpi4py."""
     code = ("import sys, pgc_mpi.config, pgc_mpi.sim.cli, pgc_mpi.commands.bench, pgc_mpi.core.schemes; "
