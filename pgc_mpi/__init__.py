@@ -23,7 +23,7 @@ _LAZY = {
     "FitResult": "job.fitting",
     "SimConfig": "config",
     "simulate": "sim.simulator",
-    "replay": "sim.replay",
+    "replay": "sim.replaying",
     "SimResult": "sim.simulator",
     "LeastSquares": "learning.problems",
     "Logistic": "learning.problems",

@@ -10,7 +10,7 @@ from pgc_mpi.config import SimConfig, TrainConfig
 from pgc_mpi.core.wire import WIRE_DTYPES, wire_format
 from pgc_mpi.errors import ConfigError
 from pgc_mpi.learning.problems import LeastSquares
-from pgc_mpi.sim.replay import replay
+from pgc_mpi.sim.replaying import replay
 from pgc_mpi.sim.simulator import simulate
 
 

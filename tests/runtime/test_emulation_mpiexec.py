@@ -55,7 +55,7 @@ def test_fixed_minibatch_under_mpi_equals_its_replay(tmp_path):
     from pgc_mpi.learning.datasets import load_digits
     from pgc_mpi.learning.models import TorchProblem
     from pgc_mpi.learning.problems import FirstMinibatch
-    from pgc_mpi.sim.replay import replay
+    from pgc_mpi.sim.replaying import replay
 
     out = tmp_path / "run"
     proc = run_train(5, ["--scheme", "pgc-cr", "--steps", "8", "--dtype", "float64", "--batch-size", "16", "--lr",

@@ -275,7 +275,7 @@ def test_a_float64_dgd_run_follows_gradient_descent(tmp_path):
 def test_a_noisy_pgc_cr_run_is_replayed_exactly_by_the_simulator(tmp_path):
     """Minibatch noise seeded by (seed, partition, draw): the MPI run's parameters, step by step,
     are the simulator's replay of its arrivals on a Quadratic built here."""
-    from pgc_mpi.sim.replay import replay
+    from pgc_mpi.sim.replaying import replay
 
     out = tmp_path / "run"
     proc = run_train(4, ["--scheme", "pgc-cr", "-s", "1", "--problem", "quadratic", "--dim", "300", "--samples", "90",

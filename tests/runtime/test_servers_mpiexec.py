@@ -16,7 +16,7 @@ import pytest
 from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.learning.problems import Quadratic
 from pgc_mpi.runs.checkpoint import load as load_checkpoint
-from pgc_mpi.sim.replay import replay
+from pgc_mpi.sim.replaying import replay
 
 from helpers import events_of, run_train, start_train, steps_of
 
@@ -135,7 +135,7 @@ PBS = ["--scheme", "pbs", "--replication", "2", "--c", "3", "--delay", "exp:0.01
 
 
 def _pbs_replay(records: list[dict], start=None, lr: float = 0.3) -> np.ndarray:
-    """The one-server pbs master's parameters on these arrivals, in this order (sim.replay; it
+    """The one-server pbs master's parameters on these arrivals, in this order (sim.replaying.replay; it
     follows --adapt's changes of the learning rate in the records)."""
     return np.stack(replay(make_scheme("pbs", WORKERS, 1, c=3, replication=2), _quadratic(), records, lr=lr,
                            start=start))

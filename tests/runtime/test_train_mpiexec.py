@@ -20,7 +20,7 @@ from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.learning.datasets import load_digits
 from pgc_mpi.learning.models import TorchProblem
 from pgc_mpi.runs.metrics import MASTER_PARTS
-from pgc_mpi.sim.replay import replay
+from pgc_mpi.sim.replaying import replay
 
 from helpers import events_of, mpi_env, run_train, steps_of
 

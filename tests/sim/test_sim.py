@@ -12,7 +12,7 @@ from pgc_mpi.core.schemes import SCHEME_NAMES, make_scheme
 from pgc_mpi.learning.problems import LeastSquares, Logistic
 from pgc_mpi.runs.metrics import MASTER_PARTS
 from pgc_mpi.sim.cli import main as sim_main
-from pgc_mpi.sim.replay import replay
+from pgc_mpi.sim.replaying import replay
 from pgc_mpi.sim.simulator import simulate
 
 
@@ -291,3 +291,12 @@ def test_fixed_minibatch_uses_each_partition_s_first_minibatch(lsq12):
     c = simulate(SimConfig(**base), problem, record_params=True)
     np.testing.assert_array_equal(a.params, b.params)
     assert not np.array_equal(a.params, c.params)
+
+
+def test_the_sim_package_gives_the_functions_its_docstring_names():
+    """`from pgc_mpi.sim import replay` is the function, not the module that holds it."""
+    import pgc_mpi
+    import pgc_mpi.sim as sim
+
+    assert sim.replay is replay and sim.simulate is simulate and pgc_mpi.replay is replay
+    assert callable(sim.SimResult)

@@ -16,7 +16,7 @@ from pgc_mpi.config import SimConfig
 from pgc_mpi.core.message import MessageRecord
 from pgc_mpi.learning.models import TorchProblem, load_problem
 from pgc_mpi.sim.cli import main as sim_main
-from pgc_mpi.sim.replay import replay
+from pgc_mpi.sim.replaying import replay
 from pgc_mpi.sim.simulator import SimWorkers, simulate
 
 TORCH_ARGS = ["--model", "logreg", "--dataset", "digits", "-n", "6", "--steps", "30", "--eval-every", "5"]
