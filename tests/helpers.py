@@ -60,6 +60,22 @@ def run_mpi(ranks: int, python_args: list[str], timeout: int = 120,
     return proc
 
 
+def assert_valid_shell(script: Path) -> None:
+    """`bash -n` accepts the script and shellcheck finds nothing (skipped without shellcheck, except
+    in CI, which must install it)."""
+    import shutil
+
+    import pytest
+
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True).returncode == 0
+    if shutil.which("shellcheck") is None:
+        if os.environ.get("CI"):
+            pytest.fail("shellcheck is missing: CI must install it")
+        pytest.skip("shellcheck is not installed")
+    check = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+
 def require_fashion_mnist() -> None:
     """Skip without Debian's dataset-fashion-mnist, except in CI, where it must be installed."""
     import pytest

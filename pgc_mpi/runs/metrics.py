@@ -166,7 +166,7 @@ def read_lines(path: Path) -> tuple[list[tuple[bytes, dict[str, Any]]], list[int
     """(the (line, record) of every intact line, the 1-based numbers of the damaged ones) of a
     metrics.jsonl. The lines carry CRCs when any intact one does (a file written before they did
     is checked by its JSON only)."""
-    lines = [line for line in Path(path).read_bytes().split(b"\n")]
+    lines = Path(path).read_bytes().split(b"\n")
     if lines and not lines[-1].strip():
         lines.pop()  # the newline that ends the last line
     checked = any(_CRC_TAIL.search(line) and parse_line(line, True) is not None for line in lines)

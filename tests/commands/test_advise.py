@@ -27,6 +27,15 @@ PROBE_ARGS = ["--problem", "least-squares", "--scheme", "dgd", "--steps", "50", 
               "--delay", "exp:0.05", "--eval-every", "5"]
 
 
+def train_probe(out: Path) -> Path:
+    """A real probe: pgc-train with PROBE_ARGS under mpiexec (4 workers, bounded) into `out`."""
+    from helpers import run_train
+
+    proc = run_train(5, [*PROBE_ARGS, "--out", str(out)], timeout=90)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
 def write_probe(out: Path, steps: int = 50, scheme: str = "dgd", program: str = "pgc-train", **options) -> Path:
     """A probe run folder as pgc-train writes it, its records simulated: least-squares on 4
     workers, 20 ms per gradient, exp(50 ms) delays."""

@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from test_advise import PROBE_ARGS, assert_agree
+from test_advise import assert_agree, train_probe
 
 from pgc_mpi.commands.advise import main
 from pgc_mpi.runs.probe import read_probe
@@ -22,10 +22,7 @@ from helpers import run_train
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    out = tmp_path_factory.mktemp("advise-mpi") / "probe"
-    proc = run_train(5, [*PROBE_ARGS, "--out", str(out)], timeout=90)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+    return train_probe(tmp_path_factory.mktemp("advise-mpi") / "probe")
 
 
 def test_a_synthetic_probe_is_advised_and_the_table_agrees_with_json(synthetic, capsys, tmp_path):

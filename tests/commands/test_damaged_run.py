@@ -10,22 +10,17 @@ import shutil
 import warnings
 
 import pytest
-from test_advise import PROBE_ARGS
+from test_advise import train_probe
 
 from pgc_mpi.commands import advise, plot
 from pgc_mpi.runs.message_log import NAME, DetailLostWarning, blocks
 from pgc_mpi.runs.metrics import DamagedLinesWarning
 from pgc_mpi.runs.results import read_steps, realized_delays
 
-from helpers import run_train
-
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    out = tmp_path_factory.mktemp("damaged") / "probe"
-    proc = run_train(5, [*PROBE_ARGS, "--out", str(out)], timeout=90)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+    return train_probe(tmp_path_factory.mktemp("damaged") / "probe")
 
 
 @pytest.fixture

@@ -17,7 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers import daemon_state_dir, events_of, sbatch_wait, slurm_job_gone, slurm_release_requeued, steps_of
+from helpers import (
+    assert_valid_shell,
+    daemon_state_dir,
+    events_of,
+    sbatch_wait,
+    slurm_job_gone,
+    slurm_release_requeued,
+    steps_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = ROOT / "launch" / "slurm"
@@ -26,13 +34,7 @@ SCRIPTS = sorted([*SLURM_DIR.glob("*.sbatch"), *SLURM_DIR.glob("*.sh"), ROOT / "
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_templates_are_valid_shell(script):
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True).returncode == 0
-    if shutil.which("shellcheck") is None:
-        if os.environ.get("CI"):
-            pytest.fail("shellcheck is missing: CI must install it")
-        pytest.skip("shellcheck is not installed")
-    check = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout
+    assert_valid_shell(script)
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,14 @@ is renamed fails here, not on the day a GPU is found.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import assert_valid_shell
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
@@ -62,10 +63,4 @@ def test_an_unknown_argument_is_refused():
 
 
 def test_the_script_is_valid_shell():
-    assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True).returncode == 0
-    if shutil.which("shellcheck") is None:
-        if os.environ.get("CI"):
-            pytest.fail("shellcheck is missing: CI must install it")
-        pytest.skip("shellcheck is not installed")
-    check = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout
+    assert_valid_shell(SCRIPT)
