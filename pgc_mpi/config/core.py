@@ -12,6 +12,7 @@ from typing import Any
 
 from ..choices import DEADLINE_POLICIES, LR_SCHEDULES, MODELS, OPTIMIZERS
 from ..core.abandon import abandons
+from ..core.age_weights import DEFAULT_CORRECTION, applied_correction, parse_correction
 from ..core.drop_compute import AUTO
 from ..core.sampling import parse_partitioning
 from ..core.schemes import FR_DECODE_RULES, ON_STALE, CodedScheme, PbsScheme, make_scheme
@@ -85,6 +86,7 @@ class CoreConfig:
     adapt: bool = False
     fixed_minibatch: bool = False
     partitioning: str = "iid"
+    staleness_correction: str = DEFAULT_CORRECTION
     wire_dtype: str | None = None
     # the training recipe (pgc_mpi.learning.optim.Recipe): the same in pgc-train and pgc-sim
     weight_decay: float = 0.0
@@ -127,6 +129,7 @@ class CoreConfig:
         bound = parse_max_staleness(self.max_staleness)
         _choice("on-stale", self.on_stale, ON_STALE)
         parse_partitioning(self.partitioning)
+        parse_correction(self.staleness_correction)
         if not isinstance(self.fixed_minibatch, bool):
             raise ConfigError(f"--fixed-minibatch must be true or false, got {self.fixed_minibatch!r}")
         if not isinstance(self.abandon_late, bool):
@@ -224,7 +227,7 @@ class CoreConfig:
     def make_scheme(self, workers: int) -> CodedScheme | PbsScheme:
         """The scheme these settings describe for `workers` workers (SchemeError if it does not fit)."""
         return make_scheme(self.scheme, workers, self.stragglers, seed=self.seed, c=self.c, fr_decode=self.fr_decode,
-                           replication=self.replication)
+                           replication=self.replication, staleness_correction=self.staleness_correction)
 
     def staleness_bound(self, scheme: CodedScheme | PbsScheme) -> int | None:
         """The oldest buffer (in steps) a step may use: the scheme's window (c - 1 for pgc-*, C - 1
@@ -239,8 +242,10 @@ class CoreConfig:
 
     def scheme_shape(self, scheme: CodedScheme | PbsScheme) -> dict[str, Any]:
         """What the settings resolve to for this scheme, for config.json and result tables: c
-        (slots per worker), the staleness bound in steps (None: none) and pbs's window C."""
-        shape = {"c": scheme.c, "max_staleness_steps": self.staleness_bound(scheme), "on_stale": self.on_stale}
+        (slots per worker), the staleness bound in steps (None: none), the staleness correction the
+        scheme applies (`none` where it has no stale buffers) and pbs's window C."""
+        shape = {"c": scheme.c, "max_staleness_steps": self.staleness_bound(scheme), "on_stale": self.on_stale,
+                 "staleness_correction": applied_correction(scheme.name, self.staleness_correction)}
         if isinstance(scheme, PbsScheme):
             shape.update(replication=scheme.replication, window=scheme.table_window)
         return shape

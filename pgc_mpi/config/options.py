@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..choices import AUTOCAST, BUILTIN_DATASETS, DTYPE_NAMES, LR_SCHEDULES, MODELS, OPTIMIZERS
+from ..core.age_weights import CORRECTION_USAGE
 from ..core.faults import KINDS as FAULT_KINDS
 from ..core.sampling import PARTITIONING_USAGE
 from ..core.stragglers import USAGE as DELAY_USAGE
@@ -95,6 +96,10 @@ _HELP = {
                     f"holds one or two classes); dirichlet:ALPHA: each partition's class mix drawn from a "
                     f"Dirichlet(ALPHA), seeded (small ALPHA: skewed); the last two need a classification data set "
                     f"(docs/data.md)",
+    "staleness_correction": f"how pgc-fr and pgc-cr weigh their buffers: {CORRECTION_USAGE}; weights:R weighs a "
+                            f"buffer of age a in the rotation by R**a (scaled so a message's weights sum to c: every "
+                            f"gradient keeps its total weight; R=0 sends the fresh gradient alone); other schemes "
+                            f"ignore it (docs/ALGORITHMS.md §13)",
     "wire_dtype": f"number format of the gradient messages: {', '.join(WIRE_DTYPES)}; workers round their coded "
                   "gradient to it, the master widens and accumulates in --dtype (models travel in --dtype)",
     "batch_size": "minibatch size per partition gradient",

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import NotDecodable, SchemeError
+from ..errors import ConfigError, NotDecodable, SchemeError
+from .age_weights import age_weights, parse_correction
 from .encoding import (
     disjoint_windows,
     solve_exact,
@@ -128,7 +129,8 @@ class CodedScheme(Scheme):
 
     kind = "coded"
 
-    def __init__(self, name: str, n: int, s: int, c: int, seed: int, fr_decode: str = "covered"):
+    def __init__(self, name: str, n: int, s: int, c: int, seed: int, fr_decode: str = "covered",
+                 correction: float | None = None):
         rule = _RULES[name]
         if rule.placement == "single":
             placement = single_placement(n)
@@ -146,6 +148,10 @@ class CodedScheme(Scheme):
             self._B = support_matrix(placement, n)
         self.min_arrivals = n if traits(name).waits_for_all else n - s
         self.fr_decode = fr_decode
+        # --staleness-correction weights:R (pgc_mpi.core.age_weights): the weight of a buffer of each
+        # age in the rotation; ones (the plain sum) for the paper's estimator and unpipelined schemes
+        self.correction = correction if traits(name).stale_buffers else None
+        self._ages = age_weights(c, self.correction)
         # decoders whose weights are one common factor on a set known arrival by arrival: the
         # master can sum messages as they come and scale once at the end
         self.streams = rule.decoder in ("average", "groups")
@@ -158,6 +164,15 @@ class CodedScheme(Scheme):
         """B[worker, placement[worker]]: the coefficient of each slot in the worker's message."""
         self._check_worker(worker)
         return self._B[worker, self.placement[worker]].copy()
+
+    def message_coefficients(self, worker: int, step: int) -> np.ndarray:
+        """What the worker's message for `step` multiplies each slot's buffer by: its coefficient,
+        times the weight of the buffer's age in the rotation, (step - slot) mod c, under
+        --staleness-correction (pgc_mpi.core.age_weights); the coefficients alone otherwise."""
+        coef = self.coefficients(worker)
+        if self.correction is None:
+            return coef
+        return coef * self._ages[(step - np.arange(self.c)) % self.c]
 
     def staleness_window(self) -> int:
         """The staleness the scheme's own rotation implies: a pipelined worker that answers every
@@ -352,7 +367,7 @@ class PbsScheme(Scheme):
 
 def make_scheme(
     name: str, n: int, s: int, seed: int = 0, c: int | None = None, fr_decode: str = "covered",
-    replication: int | None = None,
+    replication: int | None = None, staleness_correction: str = "none",
 ) -> CodedScheme | PbsScheme:
     """Build a scheme by name for n workers tolerating s stragglers.
 
@@ -360,12 +375,17 @@ def make_scheme(
     staleness window C of pbs (default: its replication); every other replicated scheme uses
     c = s + 1 (dgd and is-sgd use c = 1). `replication` (pbs only, default 2) is how many
     workers store each partition. `seed` fixes gc-cr's random encoding. `fr_decode` is when FR
-    schemes decode (FR_DECODE_RULES); other schemes ignore it.
+    schemes decode (FR_DECODE_RULES); other schemes ignore it. `staleness_correction` is how
+    pgc-fr and pgc-cr weigh their buffers by age (pgc_mpi.core.age_weights); other schemes ignore it.
     """
     if name not in SCHEME_NAMES:
         raise SchemeError(f"unknown scheme {name!r}; choose one of: {', '.join(SCHEME_NAMES)}")
     if fr_decode not in FR_DECODE_RULES:
         raise SchemeError(f"--fr-decode {fr_decode!r} is not one of: {', '.join(FR_DECODE_RULES)}")
+    try:
+        correction = parse_correction(staleness_correction)
+    except ConfigError as exc:
+        raise SchemeError(str(exc)) from None
     n = _check_int("n (workers)", n, 1)
     s = _check_int("s (stragglers)", s, 0)
     if s >= n:
@@ -388,7 +408,7 @@ def make_scheme(
             f"{name} needs n divisible by c = {c} (fractional repetition), got n={n}: "
             f"use a multiple of {c} workers or the cyclic variant {name[:-3]}-cr"
         )
-    return CodedScheme(name, n, s, c, seed, fr_decode)
+    return CodedScheme(name, n, s, c, seed, fr_decode, correction)
 
 
 def _make_pbs(n: int, s: int, window: int | None, replication: int | None) -> PbsScheme:

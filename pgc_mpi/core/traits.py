@@ -26,6 +26,7 @@ class Traits:
     sets_c: bool = False  # c (partitions per worker, or pbs's window) may be chosen (--c); else s + 1 or 1
     abandons: bool = True  # --abandon-late applies: a decided step can be moot for a slow worker
     drops_compute: bool = False  # --drop-compute applies: a worker sends the micro-batches done by a threshold
+    stale_buffers: bool = False  # its coded messages combine stale buffers: --staleness-correction applies
 
 
 _ROWS = (
@@ -37,8 +38,8 @@ _ROWS = (
     Traits("gc-cr"),
     Traits("is-gc-fr", sets_c=True),
     Traits("is-gc-cr", sets_c=True),
-    Traits("pgc-fr", pipelined=True),
-    Traits("pgc-cr", pipelined=True),
+    Traits("pgc-fr", pipelined=True, stale_buffers=True),
+    Traits("pgc-cr", pipelined=True, stale_buffers=True),
     # pbs's table takes a late gradient if it is newer than its entry: never moot, never abandoned
     Traits("pbs", depends_on_s=False, pipelined=True, table=True, sets_c=True, abandons=False),
     # ddp: dgd's trajectory and waiting rule, over an all-reduce (pgc-train only)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import TrainConfig, slurm_run_name
+from ..core.age_weights import applied_correction
 from ..errors import ConfigError
 
 _CHECKPOINT = re.compile(r"ckpt-(\d{8})\.h5$")
@@ -70,6 +71,10 @@ def differences(cfg: TrainConfig, workers: int, recorded: dict[str, Any]) -> lis
     theirs = dict(recorded.get("config", {}))
     theirs["workers"] = recorded.get("workers")
     mine = {**cfg.to_dict(), "workers": workers}
+    # compared as applied: a scheme without stale buffers ignores it, and a record from before the
+    # option used the paper's estimator
+    for side in (theirs, mine):
+        side["staleness_correction"] = applied_correction(str(side.get("scheme")), side.get("staleness_correction"))
     return [f"{name} {theirs.get(name)!r} (this run: {value!r})" for name, value in mine.items()
             if name not in MAY_CHANGE_ON_RESUME and theirs.get(name) != value]
 

@@ -134,7 +134,8 @@ class CodedWorker:
         self.delays, self.settings = delays, settings
         self.parts = scheme.placement[worker]
         dtype = link.model.dtype  # the run's: gradients are computed and combined in it, then put on the wire
-        self.coef = scheme.coefficients(worker).astype(dtype)
+        # the coefficients of a message depend on the step only through its place in the rotation
+        self.coefs = [scheme.message_coefficients(worker, phase).astype(dtype) for phase in range(scheme.c)]
         self.buffers = np.zeros((scheme.c, problem.dim), dtype=dtype)
         self.versions: list[int] = []
         self.computed = 0
@@ -187,7 +188,7 @@ class CodedWorker:
                 self.versions[k] = step
                 losses.append(loss)
                 job.gradient_done()
-            np.dot(self.coef, self.buffers, out=self.link.coded)
+            np.dot(self.coefs[step % self.scheme.c], self.buffers, out=self.link.coded)
             _put_on_wire(self.link, self.link.coded)
             return losses, job.finish()
         except Abandoned:

@@ -48,9 +48,10 @@ class MessageBuilder:
         parts = self.scheme.placement[worker]
         return float(np.mean([self.loss(parts[k], version, self.scheme.draw_index(version, k)) for k in slots]))
 
-    def message(self, worker: int, versions: list[int]) -> np.ndarray:
-        """Worker's coded message m_i = sum_k B[i, placement[i][k]] * buffer_k."""
-        coef = self.scheme.coefficients(worker)
+    def message(self, worker: int, step: int, versions: list[int]) -> np.ndarray:
+        """Worker's coded message for `step`: m_i = sum_k B[i, placement[i][k]] * buffer_k (each term
+        weighted by its buffer's age in the rotation under --staleness-correction)."""
+        coef = self.scheme.message_coefficients(worker, step)
         parts = self.scheme.placement[worker]
         out = np.zeros(self.problem.dim)
         for k, v in enumerate(versions):

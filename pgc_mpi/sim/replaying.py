@@ -65,7 +65,7 @@ def replay(scheme: CodedScheme | PbsScheme, problem: Problem, steps: Iterable[di
         else:
             versions = {int(k): v for k, v in rec["versions"].items()}
             for i in map(int, rec["arrivals"]):
-                collector.offer(Message(t, i, tuple(versions[i])), wire.round_trip(builder.message(i, versions[i])))
+                collector.offer(Message(t, i, tuple(versions[i])), wire.round_trip(builder.message(i, t, versions[i])))
         collector.decode(partial=rec.get("partial", False))
         if "lr" in rec:  # the rate the step used (a schedule's, or --adapt's change; older records: only the latter)
             opt.opt.param_groups[0]["lr"] = rec["lr"]

@@ -205,7 +205,7 @@ class SimWorkers:
             return at, job, msg, self._on_wire(lambda: loss_and_message()[1]), lambda: loss_and_message()[0]
         fresh = self.scheme.fresh_slots(version, worker)
         # the versions as they are now: the worker's list changes with its next job
-        return (at, job, msg, self._on_wire(partial(self.builder.message, worker, list(msg.versions))),
+        return (at, job, msg, self._on_wire(partial(self.builder.message, worker, version, list(msg.versions))),
                 partial(self.builder.message_loss, worker, version, fresh))
 
     def decided(self, record: dict, now: float) -> None:

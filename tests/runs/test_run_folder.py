@@ -80,6 +80,20 @@ def test_resuming_another_run_names_the_differing_options(tmp_path):
         run_folder.plan(TrainConfig(out=str(tmp_path), resume="auto"), 3)
 
 
+def test_the_staleness_correction_is_compared_as_the_scheme_applies_it(tmp_path):
+    """A run from before --staleness-correction (no such key) used the paper's estimator; a scheme
+    without stale buffers ignores it, so its resume never trips over it."""
+    for scheme in ("pgc-fr", "dgd"):
+        old = TrainConfig(out=str(tmp_path), scheme=scheme).to_dict()
+        del old["staleness_correction"]
+        recorded = {"config": old, "workers": 4}
+        same = TrainConfig(out=str(tmp_path), scheme=scheme, staleness_correction="none")
+        other = TrainConfig(out=str(tmp_path), scheme=scheme, staleness_correction="weights:0.3")
+        assert run_folder.differences(same, 4, recorded) == []
+        expected = ["staleness_correction 'none' (this run: 'weights:0.3')"] if scheme == "pgc-fr" else []
+        assert run_folder.differences(other, 4, recorded) == expected
+
+
 def _with_data(train: str | None, test: str | None = None):
     """A stand-in problem whose data source has the given fingerprints."""
     fingerprint = {"train": train, "test": test}

@@ -27,33 +27,39 @@ from helpers import events_of, mpi_env, run_train, steps_of
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("scheme,ranks,s,straggler,fr_decode", [
-    ("dgd", 5, 1, False, "covered"), ("is-sgd", 5, 1, True, "covered"), ("gc-fr", 5, 1, True, "covered"),
-    ("gc-cr", 5, 1, True, "covered"), ("is-gc-fr", 5, 1, False, "covered"), ("is-gc-cr", 5, 1, False, "covered"),
-    ("pgc-fr", 5, 1, True, "covered"), ("pgc-cr", 5, 1, True, "covered"), ("pgc-cr", 4, 2, False, "covered"),
-    ("gc-cr", 7, 2, False, "covered"), ("pgc-fr", 7, 2, False, "n-s"),
+@pytest.mark.parametrize("scheme,ranks,s,straggler,fr_decode,correction", [
+    ("dgd", 5, 1, False, "covered", "none"), ("is-sgd", 5, 1, True, "covered", "none"),
+    ("gc-fr", 5, 1, True, "covered", "none"), ("gc-cr", 5, 1, True, "covered", "none"),
+    ("is-gc-fr", 5, 1, False, "covered", "none"), ("is-gc-cr", 5, 1, False, "covered", "none"),
+    ("pgc-fr", 5, 1, True, "covered", "none"), ("pgc-cr", 5, 1, True, "covered", "none"),
+    ("pgc-cr", 4, 2, False, "covered", "none"), ("gc-cr", 7, 2, False, "covered", "none"),
+    ("pgc-fr", 7, 2, False, "n-s", "none"), ("pgc-fr", 5, 1, True, "covered", "weights:0.3"),
 ])
-def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s, straggler, fr_decode):
+def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s, straggler, fr_decode, correction):
     """float64: replaying the run's arrivals and buffer versions in the simulator reproduces the MPI
     master's parameters at every step. With a random 1 s straggler (one job, both checks) a coded
     scheme also does not wait for it: its median step stays well below the delay. With the paper's
-    FR rule (--fr-decode n-s) every step waits for n - s arrivals, and config.json says so."""
+    FR rule (--fr-decode n-s) every step waits for n - s arrivals, and config.json says so. With a
+    staleness correction the workers weigh their buffers by age (catch-up refreshes included) as the
+    simulator does."""
     out = tmp_path / "run"
     steps = 20 if straggler else 12
     args = ["--scheme", scheme, "-s", str(s), "--steps", str(steps), "--dtype", "float64", "--batch-size", "16",
             "--lr", "0.5", "--seed", "3", "--record-params", "--eval-every", "100", "--fr-decode", fr_decode,
-            "--out", str(out)]
+            "--staleness-correction", correction, "--out", str(out)]
     if straggler:
         args += ["--delay", "random:1:1.0", "--grace", "5"]
     proc = run_train(ranks, args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     n = ranks - 1
     problem = TorchProblem("logreg", load_digits(3), n, 16, seed=3, dtype="float64")
-    expected = replay(make_scheme(scheme, n, s, seed=3, fr_decode=fr_decode), problem, steps_of(out), lr=0.5)
+    expected = replay(make_scheme(scheme, n, s, seed=3, fr_decode=fr_decode, staleness_correction=correction),
+                      problem, steps_of(out), lr=0.5)
     got = np.load(out / "params.npy")
     assert got.shape == (steps + 1, problem.dim)
     assert np.abs(got - np.stack(expected)).max() < 1e-10
     assert np.abs(got[-1] - got[0]).max() > 1e-3  # it did train
+    assert json.loads((out / "config.json").read_text())["staleness_correction"] == correction
     for r in steps_of(out):  # the master's own work is part of the step, every part of it measured
         parts = [r[f"{part}_time"] for part in MASTER_PARTS]
         assert all(p >= 0 for p in parts) and 0 < sum(parts) <= r["step_time"], r
