@@ -79,8 +79,9 @@ def parser() -> argparse.ArgumentParser:
                         "a cost model file (benchmarks/master_cost.py --fit) (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=WARMUP,
                    help="leave out the probe's first this many steps (default: %(default)s)")
-    yours = p.add_argument_group("a pgc_mpi.fit probe's model, data and loss, as pgc-train's PATH:NAME plug-ins")
-    for name in ("model", "dataset", "loss"):
+    yours = p.add_argument_group("a pgc_mpi.fit probe's model, data, loss and recipe, as pgc-train's PATH:NAME "
+                                 "plug-ins")
+    for name in ("model", "dataset", "loss", "optimizer", "scheduler"):
         yours.add_argument(f"--{name}", default=None, metavar="PATH:NAME",
                            help=f"the {name} to simulate instead of the probe's (required for a fit run's Python "
                                 f"object)")
@@ -145,7 +146,8 @@ def advise(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
         load(cost)  # a bad file: one line now, not after the first simulation
     eval_every = args.eval_every or EVAL_EVERY[probe.synthetic is not None]
-    base = advice.base_options(probe, args.max_steps, eval_every, max(probe.compute_time(), 1e-9), cost, target)
+    base = advice.base_options(probe, args.max_steps, eval_every, max(probe.compute_time(), 1e-9), cost, target,
+                               args.optimizer, args.scheduler)
     planned, skipped = advice.plan(schemes, _ints(args.s, "--s"), base)
     if not planned:
         raise AdviseError(f"no candidate runs on {probe.workers} workers: {'; '.join(skipped)}")

@@ -93,6 +93,7 @@ class CoreConfig:
     betas: str = "0.9,0.999"
     eps: float = 1e-8
     lr_schedule: str = "constant"
+    scheduler: str | None = None  # PATH:NAME of a factory optimizer -> LRScheduler (instead of lr_schedule)
     warmup_steps: int = 0
     min_lr: float = 0.0
     lr_milestones: str | None = None
@@ -151,9 +152,9 @@ class CoreConfig:
 
     def _check_optimizer(self) -> None:
         """The recipe's fields: the optimizer, its hyper-parameters, the schedule, clipping, accumulation."""
-        if not (self.optimizer in OPTIMIZERS or (self.takes_plugins and is_spec(self.optimizer))):
-            also = " or PATH:NAME (a factory model -> torch.optim.Optimizer)" if self.takes_plugins else ""
-            raise ConfigError(f"--optimizer {self.optimizer!r} is not one of: {', '.join(OPTIMIZERS)}{also}")
+        if not (self.optimizer in OPTIMIZERS or is_spec(self.optimizer)):
+            raise ConfigError(f"--optimizer {self.optimizer!r} is not one of: {', '.join(OPTIMIZERS)} or PATH:NAME "
+                              f"(a factory model -> torch.optim.Optimizer)")
         if not (_is_number(self.weight_decay) and math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ConfigError(f"--weight-decay must be a number >= 0, got {self.weight_decay!r}")
         betas = _floats("betas", self.betas)
@@ -181,10 +182,23 @@ class CoreConfig:
         _positive_int("accumulate", self.accumulate)
         if self.drop_compute is not None:
             self._check_drop_compute()
+        if self.scheduler is not None:
+            self._check_scheduler()
         if self.adapt and (self.lr_schedule != "constant" or self.warmup_steps):
             raise ConfigError(f"--adapt and --lr-schedule {self.lr_schedule}"
                               f"{f' --warmup-steps {self.warmup_steps}' if self.warmup_steps else ''} both set the "
                               f"learning rate: use one of them (pbs's --adapt with a constant --lr)")
+
+    def _check_scheduler(self) -> None:
+        if not is_spec(self.scheduler):
+            raise ConfigError(f"--scheduler {self.scheduler!r} is not PATH:NAME (a module or file, a colon, and "
+                              f"a factory optimizer -> torch LRScheduler in it)")
+        if self.lr_schedule != "constant" or self.warmup_steps:
+            raise ConfigError(f"--scheduler {self.scheduler} and --lr-schedule {self.lr_schedule}"
+                              f"{' / --warmup-steps' if self.warmup_steps else ''} both set the learning rate: "
+                              f"give one of them")
+        if self.adapt:
+            raise ConfigError("--adapt and --scheduler both set the learning rate: use one of them")
 
     def _check_drop_compute(self) -> None:
         if self.drop_compute != AUTO and not (_is_number(self.drop_compute) and math.isfinite(self.drop_compute)
@@ -200,9 +214,6 @@ class CoreConfig:
         if self.accumulate < 2:
             raise ConfigError(f"--drop-compute {self.drop_compute} stops a job between its micro-batches: give "
                               f"--accumulate K >= 2 (K micro-batches per gradient)")
-
-    # Whether --optimizer may name a factory PATH:NAME (pgc-train's; the simulator takes the built-ins).
-    takes_plugins = False
 
     def scheme_names(self) -> tuple[str, ...]:
         """The schemes this command runs: the simulated ones (pgc-train adds PEER_SCHEMES)."""

@@ -40,8 +40,9 @@ _HELP = {
     "replication": "pbs only: how many workers store each partition (R)",
     "steps": "training steps (model updates)",
     "lr": "learning rate",
-    "optimizer": f"master's optimizer: {', '.join(OPTIMIZERS)}; pgc-train also takes PATH:NAME, your factory "
-                 f"model -> torch.optim.Optimizer (param groups welcome), called once on the master",
+    "optimizer": f"master's optimizer: {', '.join(OPTIMIZERS)}, or PATH:NAME, your factory model -> "
+                 f"torch.optim.Optimizer (param groups welcome), called once on the master (pgc-sim: on a torch "
+                 f"model)",
     "momentum": "momentum of --optimizer momentum and nesterov",
     "weight_decay": "weight decay of the built-in optimizers (adamw: decoupled), on every parameter (for weights "
                     "only, give a factory with param groups)",

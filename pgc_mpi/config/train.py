@@ -108,14 +108,11 @@ class TrainConfig(CoreConfig):
     master_device: str = "cpu"
     share_gpus: bool = False
     servers: int = 1
-    scheduler: str | None = None
     autocast: str = "none"
     early_stop: str | None = None
     keep_best: str | None = None
     csv_log: str | None = None
     tensorboard: str | None = None
-
-    takes_plugins = True  # --optimizer PATH:NAME (CoreConfig)
 
     def __post_init__(self) -> None:
         """Fill the defaults of the kind of problem chosen (see the class docstring)."""
@@ -180,20 +177,10 @@ class TrainConfig(CoreConfig):
             self._check_peer_options()
 
     def _check_recipe(self) -> None:
-        """What pgc-train adds to the recipe (CoreConfig checks the rest): a scheduler factory,
-        autocast, accumulation's minibatches, the built-in callbacks, and what --servers K allows."""
+        """What pgc-train adds to the recipe (CoreConfig checks the rest): autocast, accumulation's
+        minibatches, the built-in callbacks, and what --servers K allows."""
         from .callback_specs import parse_early_stop, parse_keep_best
 
-        if self.scheduler is not None:
-            if not is_spec(self.scheduler):
-                raise ConfigError(f"--scheduler {self.scheduler!r} is not PATH:NAME (a module or file, a colon, and "
-                                  f"a factory optimizer -> torch LRScheduler in it)")
-            if self.lr_schedule != "constant" or self.warmup_steps:
-                raise ConfigError(f"--scheduler {self.scheduler} and --lr-schedule {self.lr_schedule}"
-                                  f"{' / --warmup-steps' if self.warmup_steps else ''} both set the learning rate: "
-                                  f"give one of them")
-            if self.adapt:
-                raise ConfigError("--adapt and --scheduler both set the learning rate: use one of them")
         _choice("autocast", self.autocast, AUTOCAST)
         if self.autocast != "none" and self.synthetic:
             raise ConfigError(f"--autocast {self.autocast}: --problem {self.problem} is computed with NumPy; autocast "

@@ -37,6 +37,7 @@ from ..choices import BUILTIN_DATASETS, MODELS, OPTIMIZERS
 from ..config import CORE_FIELDS, SimConfig, check_plugin_names
 from ..core.traits import traits
 from ..errors import ConfigError
+from ..learning.plugins import is_spec
 from ..learning.problems import accuracy_key, loss_key
 from ..runs.delays import Extra, extras_by_worker, write_trace
 from ..runs.probe import Probe
@@ -126,16 +127,19 @@ def problem_choice(probe: Probe, model: str | None = None, dataset: str | None =
 
 
 def base_options(probe: Probe, steps: int, eval_every: int, compute_time: float, master_cost: str | None,
-                 target: Target) -> dict[str, Any]:
+                 target: Target, optimizer: str | None = None, scheduler: str | None = None) -> dict[str, Any]:
     """The SimConfig fields every candidate shares: the probe's recipe and settings, the simulated
-    steps, evaluation cadence, compute time, master cost and target."""
-    o = probe.options
-    if o.get("optimizer") not in OPTIMIZERS:
-        raise ConfigError(f"the probe's optimizer {o.get('optimizer')} is a plug-in or a Python object; the simulator "
-                          f"runs the built-in ones ({', '.join(OPTIMIZERS)}): probe with one of them")
-    if o.get("scheduler") is not None:
-        raise ConfigError(f"the probe's scheduler {o['scheduler']} is a plug-in or a Python object the simulator "
-                          f"cannot run: probe with a built-in --lr-schedule instead")
+    steps, evaluation cadence, compute time, master cost and target. The probe's optimizer and
+    scheduler factories are simulated as pgc-train ran them (PATH:NAME); a fit probe's were Python
+    objects, which config.json names only by label: `optimizer` and `scheduler` (PATH:NAME) give them."""
+    o = dict(probe.options)
+    for name, yours in (("optimizer", optimizer), ("scheduler", scheduler)):
+        recorded = o.get(name)
+        if yours is not None:
+            o[name] = yours
+        elif recorded is not None and recorded not in OPTIMIZERS and (probe.from_fit or not is_spec(recorded)):
+            raise ConfigError(f"the probe's {name} {recorded} was a Python object given to pgc_mpi.fit, which "
+                              f"config.json names only by label: give it to pgc-advise as --{name} PATH:NAME")
     shared = {name: o[name] for name in CORE_FIELDS if name in o and name not in CANDIDATE_FIELDS}
     return {**shared, "seed": int(o.get("seed", 0)), "workers": probe.workers, "steps": steps,
             "eval_every": eval_every, "compute_time": compute_time, "master_cost": master_cost,

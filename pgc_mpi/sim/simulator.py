@@ -37,7 +37,7 @@ from ..core.stragglers import DelayModel
 from ..core.wire import wire_format
 from ..errors import ConfigError
 from ..learning.diagnostics import TableDiagnostics
-from ..learning.optim import FlatOptimizer, Recipe
+from ..learning.optim import make_update
 from ..learning.problems import Problem, accuracy_key, loss_key, with_sampling
 from ..runs.metrics import master_times
 from .master_cost import load as load_master_cost
@@ -250,7 +250,7 @@ def simulate(cfg: SimConfig, problem: Problem | None = None, record_params: bool
     problem = _problem_of(cfg, problem, yours)
     scheme = cfg.make_scheme(cfg.workers)
     w = problem.initial_params().astype(np.float64)
-    opt = FlatOptimizer(w, Recipe.of(cfg))
+    opt = make_update(cfg, w, problem)  # the recipe's built-ins, or its --optimizer / --scheduler factories
     builder = MessageBuilder(scheme, problem)
     builder.add_model(0, w)
     collector = make_collector(scheme, opt.grad, cfg.staleness_bound(scheme))

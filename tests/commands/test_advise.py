@@ -295,7 +295,7 @@ def test_a_target_no_candidate_reaches(capsys, probe):
 
 
 def test_a_fit_run_needs_its_model_and_data_as_plug_ins(capsys, tmp_path):
-    from pgc_mpi.sim.advice import problem_choice
+    from pgc_mpi.sim.advice import base_options, problem_choice
 
     fit = tmp_path / "fit"
     write_probe(fit, program="pgc_mpi.fit")
@@ -308,6 +308,15 @@ def test_a_fit_run_needs_its_model_and_data_as_plug_ins(capsys, tmp_path):
             "by label: give them to pgc-advise as plug-ins, --model PATH:NAME (config.json: __main__:make_model), "
             "--dataset PATH:NAME (config.json: arrays)") in line
     chosen = problem_choice(read_probe(fit), model="examples/nets.py:make_model", dataset="digits")
+    # its recipe's factories likewise: the simulator builds the update pgc-train's master builds
+    config["config"].update(optimizer="__main__:make_optimizer", scheduler="__main__:make_scheduler")
+    (fit / "config.json").write_text(json.dumps(config))
+    line = refused(capsys, [str(fit), "--target-loss", "1", "--model", "examples/nets.py:make_model",
+                            "--dataset", "digits"])
+    assert ("the probe's optimizer __main__:make_optimizer was a Python object given to pgc_mpi.fit, which "
+            "config.json names only by label: give it to pgc-advise as --optimizer PATH:NAME") in line
+    base = base_options(read_probe(fit), 100, 10, 0.1, None, Target("loss", 1.0), "recipe.py:opt", "recipe.py:sched")
+    assert (base["optimizer"], base["scheduler"]) == ("recipe.py:opt", "recipe.py:sched")
     assert (chosen.model, chosen.dataset, chosen.loss) == ("examples/nets.py:make_model", "digits", None)
     config["provenance"] = {}  # a folder written before provenance named its program: fit's labels tell
     (fit / "config.json").write_text(json.dumps(config))

@@ -371,4 +371,4 @@ def test_max_staleness_words_and_numbers_from_flags_and_toml(tmp_path):
     assert config_from_args(["--max-staleness", "none"]).max_staleness == "none"
     pbs = SimConfig(scheme="pbs", workers=6, replication=3, c=5)
     assert pbs.scheme_shape(pbs.make_scheme(6)) == {"c": 3, "max_staleness_steps": 4, "on_stale": "refresh",
-                                                     "replication": 3, "window": 5}
+                                                     "staleness_correction": "none", "replication": 3, "window": 5}
