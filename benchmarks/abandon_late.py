@@ -30,7 +30,7 @@ import numpy as np
 from pgc_mpi.config import SimConfig
 from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.core.stragglers import DelayModel
-from pgc_mpi.learning.models import load_problem
+from pgc_mpi.learning.torch_problem import load_problem
 from pgc_mpi.runs.stats import interval
 from pgc_mpi.sim.simulator import simulate
 

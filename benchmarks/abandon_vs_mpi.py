@@ -30,7 +30,7 @@ from abandon_late import add_problem_options, fresh_floor
 
 from pgc_mpi.config import SimConfig
 from pgc_mpi.core.traits import schemes_with
-from pgc_mpi.learning.models import load_problem
+from pgc_mpi.learning.torch_problem import load_problem
 from pgc_mpi.runs.results import read_steps, run_completed
 from pgc_mpi.runs.stats import Interval, interval
 from pgc_mpi.sim.simulator import simulate

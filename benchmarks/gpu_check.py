@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from pgc_mpi.learning.datasets import ArraySource, load_digits
-from pgc_mpi.learning.models import TorchProblem
+from pgc_mpi.learning.torch_problem import TorchProblem
 
 DRY_RUN_NOTE = "DRY RUN: no GPU figure was measured (every row ran on the CPU at toy sizes)"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from pgc_mpi.config import SimConfig
-from pgc_mpi.learning.models import load_problem
+from pgc_mpi.learning.torch_problem import load_problem
 from pgc_mpi.runs.metrics import read_metrics
 from pgc_mpi.sim.simulator import SimResult, simulate
 

@@ -22,7 +22,7 @@ import statistics
 
 from pgc_mpi.config import SimConfig
 from pgc_mpi.core.wire import WIRE_DTYPES
-from pgc_mpi.learning.models import load_problem
+from pgc_mpi.learning.torch_problem import load_problem
 from pgc_mpi.runs.stats import interval
 from pgc_mpi.sim.simulator import simulate
 

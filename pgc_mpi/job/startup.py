@@ -38,8 +38,8 @@ def build_problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool 
         return with_sampling(problem, cfg.fixed_minibatch, cfg.accumulate)
     import torch
 
-    from ..learning.models import problem_of
     from ..learning.parts import parts_from_names
+    from ..learning.torch_problem import problem_of
 
     torch.set_num_threads(cfg.threads)
     parts = (parts_from_names(cfg.model, cfg.dataset, cfg.loss, cfg.seed, verify) if parts is None else

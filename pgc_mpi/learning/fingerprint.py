@@ -11,7 +11,7 @@ ranks, pgc_mpi.runs.run_folder.check_same_data against config.json).
 - a map-style torch Dataset: its length and a hash of SAMPLE_ITEMS items at indices drawn by a
   fixed-seed generator (the same on every rank), read with the random generators seeded, so that a
   random transform draws the same everywhere: the fingerprint is the data's, not the augmentation's
-  (pgc_mpi.learning.models seeds torch's generator before each minibatch for the same reason).
+  (pgc_mpi.learning.torch_problem seeds torch's generator before each minibatch for the same reason).
   Reading every item could take as long as an epoch: a sample catches the unseeded data sets,
   which differ almost everywhere.
 

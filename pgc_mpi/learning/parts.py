@@ -5,7 +5,7 @@ a built-in name, an HDF5 file, or PATH:NAME, pgc_mpi.learning.plugins).
 Everything a user gives is checked here for its kind and signature, with one ConfigError that
 names the option and what to change; what can only be checked on data (the model's output
 against the targets, a loss that sums instead of averaging) TorchProblem checks on its first
-samples (pgc_mpi.learning.models).
+samples (pgc_mpi.learning.torch_problem).
 
 - model: a built-in name (pgc_mpi.choices.MODELS), a torch.nn.Module, or a zero-argument factory
   (a function or an nn.Module class) that returns one. A factory is preferred: every rank calls

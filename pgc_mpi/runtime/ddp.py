@@ -75,8 +75,8 @@ from ..core.schemes import CodedScheme, make_scheme
 from ..core.stragglers import DelayModel
 from ..core.totals import RunTotals
 from ..errors import PgcError
-from ..learning.models import TorchProblem
 from ..learning.optim import make_update
+from ..learning.torch_problem import TorchProblem
 from ..runs.metrics import MetricsWriter, Progress, master_times
 from .control import ControlSettings
 from .drop_threshold import threshold_chooser, threshold_watch
@@ -196,7 +196,7 @@ class DdpWorker:
         self.thresholds = threshold_watch(peers.link, cfg.drop_compute)  # --drop-compute: fixed, or rank 0's
         problem.module.train()
         # running statistics (batch norm) stay local, as the parameter server's workers' do: rank 0
-        # recalibrates them before evaluating (pgc_mpi.learning.models)
+        # recalibrates them before evaluating (pgc_mpi.learning.torch_problem)
         self.model = DistributedDataParallel(problem.module, forward_sync_buffers=False)
         self.clock = _StepClock(self.worker, delays, cfg.compute_time, cfg.accumulate)
         self.model.register_comm_hook(self.clock, _delayed_allreduce)

@@ -42,7 +42,7 @@ def sim_config(options: dict[str, Any], workers: int) -> SimConfig:
 
 def run_simulated(options: dict[str, Any], workers: int, out: Path) -> None:
     """Simulate one run and write it to `out` as pgc-train would have."""
-    from ..learning.models import load_problem
+    from ..learning.torch_problem import load_problem
     from .simulator import simulate
 
     cfg = sim_config(options, workers)

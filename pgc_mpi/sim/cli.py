@@ -2,7 +2,7 @@
 
 The problem is a synthetic convex one by default (--problem least-squares|logistic: a known
 optimum, so the target is an optimality gap), or pgc-train's: a torch model on a data set, once
---model or --dataset is given (built by the same function, models.load_problem; the target is
+--model or --dataset is given (built by the same function, torch_problem.load_problem; the target is
 then a loss, --target-loss). Giving both kinds of options is an error, as is an option that
 does not apply to the chosen kind.
 """
@@ -88,7 +88,7 @@ class ProblemChoice:
                                             seed=seed if self.data_seed is None else self.data_seed)
         import torch  # only once the flags are known to be valid
 
-        from ..learning.models import load_problem
+        from ..learning.torch_problem import load_problem
 
         # pgc-train's default of one thread per rank: small minibatches gain nothing from more, and
         # threads that spin on busy cores cost several times the compute (measured: 6x CPU at 2 threads)

@@ -8,7 +8,7 @@ A worker's job for step t takes compute_time per fresh partition gradient plus t
 model's delay for (worker, t); messages and the master's own work take no simulated time.
 
 Every gradient is really computed, through the Problem protocol (a synthetic convex problem or
-a torch model on a data set, models.TorchProblem), at the model version the scheme prescribes,
+a torch model on a data set, torch_problem.TorchProblem), at the model version the scheme prescribes,
 and only when the master uses it: a message's payload is handed to the collector as a callable
 (collector.resolve), so late, over-stale and uncounted messages cost no gradient. A step record's
 `train_loss` is, as in the MPI runtime, the mean minibatch loss of the messages the master used
@@ -306,7 +306,7 @@ def _problem_of(cfg: SimConfig, problem: Problem | None, yours: dict) -> Problem
     if (problem is None) == (not yours):
         raise TypeError("simulate() takes a problem or your model and data (model=..., train_data=...), one of them")
     if problem is None:
-        from ..learning.models import torch_problem
+        from ..learning.torch_problem import torch_problem
 
         problem = torch_problem(workers=cfg.workers, seed=cfg.seed, partitioning=cfg.partitioning, **yours)
     cut = getattr(problem, "partitioning", "iid")

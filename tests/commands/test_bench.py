@@ -154,7 +154,7 @@ def test_who_wins_is_decided_by_the_paired_interval():
 
 def test_the_simulator_backend_writes_runs_the_gather_reads(tmp_path, capsys):
     from pgc_mpi.config import SimConfig
-    from pgc_mpi.learning.models import load_problem
+    from pgc_mpi.learning.torch_problem import load_problem
     from pgc_mpi.sim.simulator import simulate
 
     exp = tmp_path / "sim.toml"

@@ -14,8 +14,8 @@ from torch import nn
 import pgc_mpi
 from pgc_mpi.commands.export import main
 from pgc_mpi.job.fitting import FitResult
-from pgc_mpi.learning.models import torch_problem
 from pgc_mpi.learning.optim import FlatOptimizer
+from pgc_mpi.learning.torch_problem import torch_problem
 from pgc_mpi.runs import checkpoint
 
 

@@ -246,7 +246,7 @@ def test_truncated_data_file(tmp_path, flat_h5):
 
 def test_image_model_on_flat_samples(flat_h5):
     from pgc_mpi.learning.datasets import open_dataset
-    from pgc_mpi.learning.models import TorchProblem
+    from pgc_mpi.learning.torch_problem import TorchProblem
 
     cfg = config_from_args(["--dataset", str(flat_h5), "--model", "cnn"])
     cfg.validate(WORKERS)

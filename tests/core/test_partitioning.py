@@ -96,7 +96,7 @@ def test_a_partitioning_by_class_needs_class_labels():
 
 
 def test_regression_data_with_by_label_is_refused_in_one_line():
-    from pgc_mpi.learning.models import torch_problem
+    from pgc_mpi.learning.torch_problem import torch_problem
 
     x, y = np.zeros((20, 3), np.float32), np.linspace(0, 1, 20).astype(np.float32)
     with pytest.raises(ConfigError) as err:
@@ -123,7 +123,7 @@ def test_config_json_records_it_and_a_resume_with_another_is_refused():
 
 def test_the_fingerprint_names_a_partitioning_by_class_only():
     from pgc_mpi.learning.fingerprint import problem_fingerprint
-    from pgc_mpi.learning.models import torch_problem
+    from pgc_mpi.learning.torch_problem import torch_problem
 
     x, y = np.random.default_rng(0).standard_normal((40, 4)).astype(np.float32), np.arange(40) % 4
     iid = problem_fingerprint(torch_problem("logreg", (x, y), workers=4))

@@ -21,7 +21,7 @@ from pgc_mpi.choices import MODELS
 from pgc_mpi.errors import ConfigError
 from pgc_mpi.learning.datasets import H5Source, digits_arrays, load_digits, open_dataset
 from pgc_mpi.learning.h5format import DataFormatError, verify_checksum
-from pgc_mpi.learning.models import TorchProblem, build_model
+from pgc_mpi.learning.torch_problem import TorchProblem, build_model
 
 from helpers import require_fashion_mnist
 
@@ -280,7 +280,7 @@ def test_model_that_does_not_fit_the_data_is_a_clear_error(tmp_path):
 
 
 def test_evaluation_covers_every_sample_including_the_last_partial_batch(monkeypatch):
-    import pgc_mpi.learning.models as models
+    import pgc_mpi.learning.torch_problem as models
 
     monkeypatch.setattr(models, "EVAL_BATCH", 97)  # 360 test samples: 3 full batches and one of 69
     src = load_digits(0)

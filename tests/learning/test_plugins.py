@@ -15,9 +15,9 @@ from torch.utils.data import Dataset
 import pgc_mpi
 from pgc_mpi.config import SimConfig, TrainConfig, config_from_options, options_from_args
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.learning.models import torch_problem
 from pgc_mpi.learning.parts import dataset_parts, loss_of, metrics_of, model_of, parts_from_names
 from pgc_mpi.learning.plugins import is_spec, load_object
+from pgc_mpi.learning.torch_problem import torch_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 NETS = ROOT / "examples" / "nets.py"

@@ -45,7 +45,7 @@ def _write(out, records, keep_steps_before=None):
 
 @pytest.mark.parametrize("scheme, options", [("pgc-cr", {}), ("pbs", {"max_staleness": 1})])
 def test_a_simulated_run_folder_reads_back_as_the_simulator_recorded_it(tmp_path, scheme, options):
-    from pgc_mpi.learning.models import load_problem
+    from pgc_mpi.learning.torch_problem import load_problem
     from pgc_mpi.sim.backend import run_simulated, sim_config
     from pgc_mpi.sim.simulator import simulate
 

@@ -12,8 +12,8 @@ import pytest
 from pgc_mpi.core.message import MessageRecord
 from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.learning.datasets import load_digits
-from pgc_mpi.learning.models import TorchProblem
 from pgc_mpi.learning.problems import Accumulated
+from pgc_mpi.learning.torch_problem import TorchProblem
 from pgc_mpi.sim.replaying import replay
 
 from helpers import events_of, run_train, steps_of

@@ -513,7 +513,7 @@ def test_the_staged_path_computes_what_the_direct_one_does(model):
     import numpy as np
 
     from pgc_mpi.learning.datasets import load_digits
-    from pgc_mpi.learning.models import TorchProblem
+    from pgc_mpi.learning.torch_problem import TorchProblem
 
     direct = TorchProblem(model, load_digits(3), 4, 16, seed=3, dtype="float64")
     staged = TorchProblem(model, load_digits(3), 4, 16, seed=3, dtype="float64", staged=True)

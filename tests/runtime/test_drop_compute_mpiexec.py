@@ -10,7 +10,7 @@ import pytest
 from pgc_mpi.config import SimConfig
 from pgc_mpi.core.drop_compute import AUTO_STEPS
 from pgc_mpi.learning.datasets import load_digits
-from pgc_mpi.learning.models import TorchProblem
+from pgc_mpi.learning.torch_problem import TorchProblem
 from pgc_mpi.sim.simulator import simulate
 
 from helpers import run_train, steps_of

@@ -53,8 +53,8 @@ def test_fixed_minibatch_under_mpi_equals_its_replay(tmp_path):
     """--fixed-minibatch: the authors' sampling (each partition's first minibatch, every time)."""
     from pgc_mpi.core.schemes import make_scheme
     from pgc_mpi.learning.datasets import load_digits
-    from pgc_mpi.learning.models import TorchProblem
     from pgc_mpi.learning.problems import FirstMinibatch
+    from pgc_mpi.learning.torch_problem import TorchProblem
     from pgc_mpi.sim.replaying import replay
 
     out = tmp_path / "run"

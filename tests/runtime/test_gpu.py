@@ -12,7 +12,7 @@ import torch
 
 from pgc_mpi.job.devices import select_device
 from pgc_mpi.learning.datasets import load_digits
-from pgc_mpi.learning.models import TorchProblem
+from pgc_mpi.learning.torch_problem import TorchProblem
 
 from helpers import run_train
 

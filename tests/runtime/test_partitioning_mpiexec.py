@@ -12,7 +12,7 @@ import numpy as np
 
 from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.learning.datasets import load_digits
-from pgc_mpi.learning.models import TorchProblem
+from pgc_mpi.learning.torch_problem import TorchProblem
 from pgc_mpi.sim.replaying import replay
 
 from helpers import run_train, steps_of

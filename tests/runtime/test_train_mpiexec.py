@@ -18,7 +18,7 @@ import pytest
 from pgc_mpi.core.message import GRADIENT_FIELDS
 from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.learning.datasets import load_digits
-from pgc_mpi.learning.models import TorchProblem
+from pgc_mpi.learning.torch_problem import TorchProblem
 from pgc_mpi.runs.metrics import MASTER_PARTS
 from pgc_mpi.sim.replaying import replay
 

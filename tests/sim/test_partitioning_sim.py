@@ -9,7 +9,7 @@ import pytest
 
 from pgc_mpi.config import SimConfig
 from pgc_mpi.errors import ConfigError
-from pgc_mpi.learning.models import load_problem
+from pgc_mpi.learning.torch_problem import load_problem
 from pgc_mpi.sim.cli import main as sim_main
 from pgc_mpi.sim.simulator import simulate
 

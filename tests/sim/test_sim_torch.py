@@ -14,7 +14,7 @@ import pytest
 
 from pgc_mpi.config import SimConfig
 from pgc_mpi.core.message import MessageRecord
-from pgc_mpi.learning.models import TorchProblem, load_problem
+from pgc_mpi.learning.torch_problem import TorchProblem, load_problem
 from pgc_mpi.sim.cli import main as sim_main
 from pgc_mpi.sim.replaying import replay
 from pgc_mpi.sim.simulator import SimWorkers, simulate

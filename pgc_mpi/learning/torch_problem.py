@@ -1,4 +1,4 @@
-"""Torch models on one flat parameter buffer, and the training problem a worker computes.
+"""The training problem of a torch model: its parameters on one flat buffer, its minibatches, losses and gradients.
 
 FlatParams rebinds every parameter of an nn.Module (and its .grad) to views of one contiguous
 buffer, so the parameters a worker receives over MPI and the gradient it sends are plain NumPy
