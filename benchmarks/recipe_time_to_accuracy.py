@@ -107,12 +107,15 @@ def summarize(run_dir: Path, target: float, clip: float) -> dict[str, Any]:
     }
 
 
-def plain_loop(a: argparse.Namespace, seed: int, steps: int) -> tuple[list[tuple[int, float]], float]:
+def plain_loop(a: argparse.Namespace, seed: int, steps: int,
+               look: Any = None) -> tuple[list[tuple[int, float]], float]:
     """The same recipe in one process: the cnn seeded as pgc-train seeds it, the optimizer factory,
     the built-in warm-up + cosine schedule (pgc_mpi's own schedule_factor under LambdaLR, as the
     master applies it), torch's clip_grad_norm_, minibatches of workers x batch-size from the
     whole training set (a fresh permutation every pass). Returns (steps, test accuracy) at every
-    evaluation, and the fraction of steps whose gradient norm exceeded the clip."""
+    evaluation, and the fraction of steps whose gradient norm exceeded the clip. `look(t, model,
+    x, y, lr)`, if given, is called before each step t (benchmarks/hessian_top.py looks at the
+    curvature there)."""
     import torch
 
     from pgc_mpi import build_model
@@ -139,6 +142,8 @@ def plain_loop(a: argparse.Namespace, seed: int, steps: int) -> tuple[list[tuple
         while len(order) < batch:
             order = np.concatenate([order, rng.permutation(len(y))])
         rows, order = torch.from_numpy(order[:batch]), order[batch:]
+        if look is not None:
+            look(t, model, x, y, opt.param_groups[0]["lr"])
         model.train()
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()

@@ -26,7 +26,7 @@ from .traits import TRAITS
 
 CORRECTION_USAGE = "none (the paper's estimator) or weights:R with 0 <= R <= 1"
 # The correction every pgc-* run uses unless told otherwise.
-DEFAULT_CORRECTION = "none"
+DEFAULT_CORRECTION = "weights:0.3"
 
 
 def parse_correction(spec: object) -> float | None:

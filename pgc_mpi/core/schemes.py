@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, NotDecodable, SchemeError
-from .age_weights import age_weights, parse_correction
+from .age_weights import DEFAULT_CORRECTION, age_weights, parse_correction
 from .encoding import (
     disjoint_windows,
     solve_exact,
@@ -367,7 +367,7 @@ class PbsScheme(Scheme):
 
 def make_scheme(
     name: str, n: int, s: int, seed: int = 0, c: int | None = None, fr_decode: str = "covered",
-    replication: int | None = None, staleness_correction: str = "none",
+    replication: int | None = None, staleness_correction: str = DEFAULT_CORRECTION,
 ) -> CodedScheme | PbsScheme:
     """Build a scheme by name for n workers tolerating s stragglers.
 

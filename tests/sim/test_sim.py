@@ -23,18 +23,26 @@ def lsq12() -> LeastSquares:
 
 @pytest.mark.parametrize("scheme", ["dgd", "gc-fr", "gc-cr", "pgc-fr", "is-gc-fr", "pbs"])
 def test_exact_schemes_reach_the_least_squares_optimum(lsq12, scheme):
-    cfg = SimConfig(scheme=scheme, workers=12, stragglers=2, steps=400, lr=0.3, delay="exp:1.0", seed=1)
+    """pgc-fr with the paper's estimator; weighed by age (the default) see the next test."""
+    cfg = SimConfig(scheme=scheme, workers=12, stragglers=2, steps=400, lr=0.3, delay="exp:1.0", seed=1,
+                    staleness_correction="none")
     res = simulate(cfg, lsq12)
     assert res.stalled is None
     assert res.evals[-1]["gap"] < 1e-8
 
 
-def test_pgc_cr_reaches_a_small_floor_but_not_zero(lsq12):
-    cfg = SimConfig(scheme="pgc-cr", workers=12, stragglers=2, steps=400, lr=0.3, delay="exp:1.0", seed=1)
+@pytest.mark.parametrize("scheme, correction", [("pgc-cr", "none"), ("pgc-cr", "weights:0.3"),
+                                                ("pgc-fr", "weights:0.3"), ("pgc-fr", "weights:0")])
+def test_biased_steps_reach_a_small_floor_but_not_zero(lsq12, scheme, correction):
+    """pgc-cr's relaxed decode, and a pipeline whose buffers are weighed by age (each step favours
+    the partitions it computed fresh; only the rotation weighs them all alike), are biased per step
+    at a constant rate: a floor near the optimum, not the optimum."""
+    cfg = SimConfig(scheme=scheme, workers=12, stragglers=2, steps=400, lr=0.3, delay="exp:1.0", seed=1,
+                    staleness_correction=correction)
     res = simulate(cfg, lsq12)
     gaps = [e["gap"] for e in res.evals]
-    assert gaps[-1] < 1e-3 * gaps[0]
-    assert min(gaps[-50:]) > 0  # relaxed decoding is biased per step: a floor, not the optimum
+    assert gaps[-1] < 1e-5 * gaps[0]
+    assert min(gaps[-50:]) > 0
 
 
 def test_same_seed_is_bit_identical_and_other_seed_differs(lsq12):
