@@ -3,7 +3,8 @@
 MPICH (4.x/5.x, ch4) creates one POSIX shared-memory file per node at MPI_Init,
 /dev/shm/mpich_shm_<world id>_<node> (and, with several VCIs, mpich_vci_<world id>_<node>), where
 the world id is the FNV-1a hash of the process manager's job name ("JOBID.STEPID" under Slurm's
-PMI2, "kvs_<pid of mpiexec>_0" under hydra), printed with "%x" (1 to 8 lowercase hex digits), and
+PMI2; under hydra "kvs_<pid>_<pgid>_<rand()>_<host>" in MPICH 4.x/5.x, so a job's own name cannot
+be predicted from outside it), printed with "%x" (1 to 8 lowercase hex digits), and
 <node> is the node's index in the job. The node's first rank creates it with
 shm_open(O_CREAT | O_EXCL, 0600) and only MPI_Finalize unlinks it, so every job that is killed or
 aborted leaves its file behind. A later job whose name hashes to the same id (Slurm job ids restart
