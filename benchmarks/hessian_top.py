@@ -93,7 +93,7 @@ def main() -> None:
     for seed in a.seeds:
         fixed = np.random.default_rng([seed, 0x4E55]).permutation(60000)[:2048]
 
-        def look(t, model, x, y, lr, fixed=fixed):
+        def look(t, model, x, y, lr, fixed=fixed, seed=seed):
             if t in rows:
                 import torch
 

@@ -85,6 +85,11 @@ def parser() -> argparse.ArgumentParser:
         yours.add_argument(f"--{name}", default=None, metavar="PATH:NAME",
                            help=f"the {name} to simulate instead of the probe's (required for a fit run's Python "
                                 f"object)")
+    p.add_argument("--options", action=argparse.BooleanOptionalAction, default=True,
+                   help="also simulate the options that change the answer as candidates of their own: "
+                        "--drop-compute auto for dgd (with the probe's --accumulate of 2 or more) and --abandon-late "
+                        "for the schemes that may abandon a decided step (default: on; --no-options: the schemes "
+                        "as the probe ran)")
     p.add_argument("--json", action="store_true", help="print the advice as JSON instead of text")
     p.add_argument("--out", type=Path, default=None,
                    help="write advice.md, advice.csv, advice.png and the replayed traces into this folder")
@@ -148,7 +153,7 @@ def advise(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     eval_every = args.eval_every or EVAL_EVERY[probe.synthetic is not None]
     base = advice.base_options(probe, args.max_steps, eval_every, max(probe.compute_time(), 1e-9), cost, target,
                                args.optimizer, args.scheduler)
-    planned, skipped = advice.plan(schemes, _ints(args.s, "--s"), base)
+    planned, skipped = advice.plan(schemes, _ints(args.s, "--s"), base, args.options)
     if not planned:
         raise AdviseError(f"no candidate runs on {probe.workers} workers: {'; '.join(skipped)}")
     delays, results, chosen, rounds = adaptive(probe, args, folder, planned, problem, target, max_seeds)
@@ -158,10 +163,12 @@ def advise(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     d = probe.delays
     seeds = max(r.seeds for r in results)
     return {
-        "recommended": {"scheme": chosen.choice.scheme, "s": chosen.choice.s, "clear": chosen.clear,
-                        "tie": [{"scheme": r.scheme, "s": r.s} for r in chosen.tie], "why": chosen.describe(),
+        "recommended": {"scheme": chosen.choice.scheme, "s": chosen.choice.s, "flags": list(chosen.choice.flags),
+                        "clear": chosen.clear,
+                        "tie": [{"scheme": r.scheme, "s": r.s, "flags": list(r.flags)} for r in chosen.tie],
+                        "why": chosen.describe(),
                         "settled": chosen.settled, "margin": MARGIN,
-                        "unsure": [{"scheme": r.scheme, "s": r.s} for r in chosen.unsure],
+                        "unsure": [{"scheme": r.scheme, "s": r.s, "flags": list(r.flags)} for r in chosen.unsure],
                         "seed_rounds": rounds,
                         "note": report.seeds_note(chosen, rounds, max_seeds, probe.steps_measured),
                         "commands": report.train_commands(probe, chosen.choice)},

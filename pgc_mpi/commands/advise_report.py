@@ -37,7 +37,7 @@ def row_of(r: CandidateResult, advice: Recommendation | None) -> dict[str, Any]:
     chosen = advice is not None and advice.choice == r
     ratio = r.ratio_to(advice.choice) if advice is not None else None
     comparison = advice.comparisons.get(r.name) if advice is not None else None
-    return {"scheme": r.scheme, "s": r.s, "seeds": r.seeds, "reached": r.reached,
+    return {"scheme": r.scheme, "s": r.s, "flags": " ".join(r.flags), "seeds": r.seeds, "reached": r.reached,
             "time_to_target": _number(r.time.mean), "time_low": _number(r.time.low),
             "time_high": _number(r.time.high), "steps_to_target": _number(r.steps.mean),
             "step_time": _number(r.step_time.mean), "final_loss": _number(r.final_loss),
@@ -80,7 +80,8 @@ def cells(row: dict[str, Any]) -> list[str]:
     ratio = _g(row.get("ratio"), 3)
     if row.get("ratio_low") is not None:
         ratio += f" [{_g(row['ratio_low'], 3)}, {_g(row['ratio_high'], 3)}]"
-    return [row["scheme"], "-" if row["s"] is None else str(row["s"]), f"{row['reached']}/{row['seeds']}", time,
+    scheme = " ".join([row["scheme"], *([row["flags"]] if row.get("flags") else [])])
+    return [scheme, "-" if row["s"] is None else str(row["s"]), f"{row['reached']}/{row['seeds']}", time,
             _g(row["steps_to_target"]), _g(row["step_time"]), _g(row["final_loss"]), _g(row["final_accuracy"]),
             ratio, mark]
 
@@ -131,8 +132,8 @@ def kept_flags(command_line: tuple[str, ...]) -> list[str]:
 def train_commands(probe: Probe, choice: CandidateResult) -> list[str]:
     """The commands that run the recommended scheme as the probe ran (its other options kept; add
     your run's --steps and --out): on this machine and with launch/slurm/train.sbatch."""
-    flags = [*kept_flags(probe.command_line), "--scheme", choice.scheme, *([] if choice.s is None else
-                                                                          ["-s", str(choice.s)])]
+    flags = [*kept_flags(probe.command_line), "--scheme", choice.scheme,
+             *([] if choice.s is None else ["-s", str(choice.s)]), *choice.flags]
     text = shlex.join(flags)
     n = probe.workers
     if probe.from_fit:

@@ -44,7 +44,7 @@ from ..runs.probe import Probe
 from ..runs.stats import interval
 from .cli import ProblemChoice, run_all
 from .master_cost import MasterCost, PartCost, save
-from .recommend import CandidateResult
+from .recommend import CandidateResult, candidate_name
 
 if TYPE_CHECKING:
     from .simulator import SimResult
@@ -86,14 +86,25 @@ class Target:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A scheme and s to simulate (s None: the scheme does not depend on it)."""
+    """A scheme and s to simulate (s None: the scheme does not depend on it), with the options it
+    adds to the probe's: `flags` as on the command line, `fields` as SimConfig's."""
 
     scheme: str
     s: int | None
+    flags: tuple[str, ...] = ()
+    fields: tuple[tuple[str, Any], ...] = ()
 
     @property
     def name(self) -> str:
-        return self.scheme if self.s is None else f"{self.scheme} s={self.s}"
+        return candidate_name(self.scheme, self.s, self.flags)
+
+
+# The options that change the answer, each a candidate of its own beside the scheme without it:
+# (the trait of the schemes it applies to, its flags, its SimConfig fields).
+OPTION_CANDIDATES = (
+    ("drops_compute", ("--drop-compute", "auto"), (("drop_compute", "auto"),)),
+    ("abandons", ("--abandon-late",), (("abandon_late", True),)),
+)
 
 
 def problem_choice(probe: Probe, model: str | None = None, dataset: str | None = None,
@@ -146,21 +157,28 @@ def base_options(probe: Probe, steps: int, eval_every: int, compute_time: float,
             "probe_every": int(o.get("eval_every", SimConfig.probe_every)), **target.sim_fields()}
 
 
-def plan(schemes: Iterable[str], s_values: Iterable[int], base: dict[str, Any]) -> tuple[dict[Candidate, SimConfig],
-                                                                                           list[str]]:
+def plan(schemes: Iterable[str], s_values: Iterable[int], base: dict[str, Any],
+         options: bool = True) -> tuple[dict[Candidate, SimConfig], list[str]]:
     """Every valid candidate's configuration ({candidate: SimConfig}) and a line per one left out
-    (an s the scheme cannot take on this many workers)."""
+    (an s the scheme cannot take on this many workers, an option the probe's settings exclude).
+    With `options`, each scheme also runs with each option of OPTION_CANDIDATES it takes that the
+    probe did not use."""
     planned: dict[Candidate, SimConfig] = {}
     skipped: list[str] = []
     s_values = list(s_values)
     for scheme in schemes:
-        for s in s_values if traits(scheme).depends_on_s else [None]:
-            candidate = Candidate(scheme, s)
-            try:
-                planned[candidate] = SimConfig(**{**base, "scheme": scheme, "stragglers": 0 if s is None else s,
-                                                  "delay": "none"})
-            except ConfigError as exc:
-                skipped.append(f"{candidate.name}: {exc}")
+        variants = [Candidate(scheme, None)]
+        if options:
+            variants += [Candidate(scheme, None, flags, fields) for trait, flags, fields in OPTION_CANDIDATES
+                         if getattr(traits(scheme), trait) and not all(base.get(k) == v for k, v in fields)]
+        for variant in variants:
+            for s in s_values if traits(scheme).depends_on_s else [None]:
+                candidate = dataclasses.replace(variant, s=s)
+                try:
+                    planned[candidate] = SimConfig(**{**base, **dict(candidate.fields), "scheme": scheme,
+                                                      "stragglers": 0 if s is None else s, "delay": "none"})
+                except ConfigError as exc:
+                    skipped.append(f"{candidate.name}: {exc}")
     return planned, skipped
 
 
@@ -263,7 +281,7 @@ def summarize(candidate: Candidate, runs: list[SimResult], target: Target) -> Ca
                   and (key := Target(kind, 0.0).key(res.evals[-1])) is not None]
         return float(np.mean(values)) if values else math.nan
 
-    return CandidateResult(candidate.scheme, candidate.s, len(runs), len(reached),
+    return CandidateResult(candidate.scheme, candidate.s, len(runs), len(reached), flags=candidate.flags,
                            times=tuple(math.inf if h is None else float(h["wall_time"]) for h in hits),
                            time=interval([h["wall_time"] for h in reached]),
                            steps=interval([h["step"] + 1 for h in reached]),

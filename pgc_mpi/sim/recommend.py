@@ -1,4 +1,4 @@
-"""pgc-advise's rule: which candidate (scheme, s) to recommend from their simulated times to a target.
+"""pgc-advise's rule: which candidate (scheme, s, options) to recommend from their simulated times to a target.
 
 The candidates of one seed share the delays (the same replayed trace, the same draws), so they are
 compared paired by seed: a candidate's **ratio** to another is its time to target over the other's,
@@ -24,7 +24,8 @@ the others slow too, and a wide interval of times no longer passes for a tie. Th
      however close), or one seed and a ratio above 1;
 4. the fastest and the tied are a tie and the simplest of them is recommended: dgd < is-sgd < gc <
    is-gc < pgc < pbs, then fr before cr, then the smaller s (simpler to run, less to go wrong,
-   fewer gradients per step at equal time); without a tie, the fastest. The recommendation is
+   fewer gradients per step at equal time), then the fewest extra options (--drop-compute,
+   --abandon-late); without a tie, the fastest. The recommendation is
    **settled** when no candidate is unsure.
 
 Pure: no torch, no simulation.
@@ -50,6 +51,11 @@ def simplicity(scheme: str, s: int | None) -> tuple[int, int, int]:
     return rank, {"": 0, "fr": 0, "cr": 1}.get(variant, 2), s or 0
 
 
+def candidate_name(scheme: str, s: int | None, flags: tuple[str, ...] = ()) -> str:
+    """How a candidate is named: its scheme, its s where it depends on it, its extra options."""
+    return " ".join([scheme, *([] if s is None else [f"s={s}"]), *flags])
+
+
 @dataclass(frozen=True)
 class CandidateResult:
     """One candidate's simulated figures over its seeds (times in simulated seconds).
@@ -69,10 +75,16 @@ class CandidateResult:
     final_loss: float = math.nan
     final_accuracy: float = math.nan
     times: tuple[float, ...] = ()
+    flags: tuple[str, ...] = ()  # the options it runs with beyond the probe's (--drop-compute auto, ...)
 
     @property
     def name(self) -> str:
-        return self.scheme if self.s is None else f"{self.scheme} s={self.s}"
+        return candidate_name(self.scheme, self.s, self.flags)
+
+    @property
+    def order(self) -> tuple:
+        """Its place from the simplest to the most involved: simplicity, then the fewest options."""
+        return simplicity(self.scheme, self.s), len(self.flags)
 
     @property
     def counted(self) -> bool:
@@ -171,14 +183,14 @@ def recommend(results: list[CandidateResult]) -> Recommendation | None:
     if not counted:
         return None
     most = max(r.seeds for r in counted)
-    fastest = min((r for r in counted if r.seeds == most), key=lambda r: (r.time.mean, simplicity(r.scheme, r.s)))
+    fastest = min((r for r in counted if r.seeds == most), key=lambda r: (r.time.mean, r.order))
     comparisons = {r.name: compare(r, fastest) for r in results}
     tie = [r for r in counted if comparisons[r.name].verdict == "tie"]
     unsure = tuple(r for r in counted if comparisons[r.name].verdict == "unsure")
     if not tie:
         return Recommendation(fastest, (), fastest, comparisons, unsure)
     tie = sorted([fastest, *tie], key=lambda r: r.time.mean)
-    return Recommendation(min(tie, key=lambda r: simplicity(r.scheme, r.s)), tuple(tie), fastest, comparisons, unsure)
+    return Recommendation(min(tie, key=lambda r: r.order), tuple(tie), fastest, comparisons, unsure)
 
 
 def contenders(advice: Recommendation) -> list[CandidateResult]:

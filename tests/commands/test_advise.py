@@ -172,7 +172,7 @@ def parse_table(text: str) -> dict[str, list[str]]:
     import re
 
     lines = text.splitlines()
-    head = next(k for k, line in enumerate(lines) if line.startswith("scheme  s  reached"))
+    head = next(k for k, line in enumerate(lines) if re.match(r"scheme\s{2,}s\s{2,}reached", line))
     rows = {}
     for line in lines[head + 1:]:
         if not line.strip():
@@ -197,9 +197,13 @@ def test_the_table_and_json_agree_and_follow_the_rule(probe, capsys, tmp_path):
                                                                             len(rec["seed_rounds"]) == 1)
     chosen_row = next(r for r in advice["candidates"] if r["recommended"])
     assert chosen_row["ratio"] == 1 and chosen_row["verdict"] in ("fastest", "tie")
-    assert [line for line in advice["skipped"]] == ["pgc-fr s=2: pgc-fr needs n divisible by c = 3 (fractional "
-                                                    "repetition), got n=4: use a multiple of 3 workers or the cyclic "
-                                                    "variant pgc-cr (with 4 workers)"]
+    fr = ("pgc-fr needs n divisible by c = 3 (fractional repetition), got n=4: use a multiple of 3 workers or the "
+          "cyclic variant pgc-cr (with 4 workers)")
+    assert advice["skipped"][1:] == [f"pgc-fr s=2: {fr}", f"pgc-fr s=2 --abandon-late: {fr}"]
+    # the options are candidates of their own: DropCompute needs micro-batches the probe did not have
+    assert advice["skipped"][0].startswith("dgd --drop-compute auto: --drop-compute") and "accumulate" in \
+        advice["skipped"][0]
+    assert {r["flags"] for r in advice["candidates"] if r["scheme"] == "is-sgd"} == {"", "--abandon-late"}
     written = {p.name for p in (tmp_path / "advice").iterdir()}
     assert {"advice.md", "advice.csv", "trace-seed0.csv", "trace-seed1.csv"} <= written
     assert "<- recommended" in (tmp_path / "advice" / "advice.md").read_text()
@@ -210,7 +214,8 @@ def assert_agree(advice: dict, printed: str) -> None:
     table = parse_table(printed)
     assert len(table) == len(advice["candidates"])
     for row in advice["candidates"]:
-        name = row["scheme"] + ("" if row["s"] is None else f" s={row['s']}")
+        name = " ".join([row["scheme"], *([row["flags"]] if row["flags"] else [])]) + (
+            "" if row["s"] is None else f" s={row['s']}")
         cells = table[name]
         assert cells[2] == f"{row['reached']}/{row['seeds']}"
         assert float(cells[3].split(" [")[0]) == pytest.approx(row["time_to_target"], rel=1e-3)
@@ -223,13 +228,16 @@ def assert_agree(advice: dict, printed: str) -> None:
                                Interval(*(math.nan if r[k] is None else r[k] for k in
                                           ("time_to_target", "time_low", "time_high")), r["reached"]),
                                interval([]), interval([]),
-                               times=tuple(math.inf if t is None else t for t in r["times"]))
+                               times=tuple(math.inf if t is None else t for t in r["times"]),
+                               flags=tuple(r["flags"].split()))
                for r in advice["candidates"]]
     chosen = recommend(rebuilt).choice
-    assert advice["recommended"]["scheme"] == chosen.scheme and advice["recommended"]["s"] == chosen.s
+    rec = advice["recommended"]
+    assert (rec["scheme"], rec["s"], tuple(rec["flags"])) == (chosen.scheme, chosen.s, chosen.flags)
     chosen_row = next(r for r in advice["candidates"] if r["recommended"])
-    assert (chosen_row["scheme"], chosen_row["s"]) == (chosen.scheme, chosen.s)
-    flags = f"--scheme {chosen.scheme}" + ("" if chosen.s is None else f" -s {chosen.s}")
+    assert (chosen_row["scheme"], chosen_row["s"], chosen_row["flags"]) == (chosen.scheme, chosen.s,
+                                                                            " ".join(chosen.flags))
+    flags = " ".join([f"--scheme {chosen.scheme}", *([] if chosen.s is None else [f"-s {chosen.s}"]), *chosen.flags])
     assert all(line.endswith(flags) for line in advice["recommended"]["commands"])
     assert advice["recommended"]["why"] in printed
 
