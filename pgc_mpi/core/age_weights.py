@@ -48,7 +48,7 @@ def age_weights(c: int, ratio: float | None) -> np.ndarray:
     """e(0), ..., e(c-1): the weight of a buffer of each age in the rotation (ones for None)."""
     if ratio is None:
         return np.ones(c)
-    powers = np.array([ratio**age if age else 1.0 for age in range(c)])  # 0**0 is 1: the fresh buffer
+    powers = ratio ** np.arange(c, dtype=float)  # 0.0**0 is 1: the fresh buffer
     return c * powers / powers.sum()
 
 
@@ -57,6 +57,10 @@ def applied_correction(scheme: str, spec: object) -> str:
     whose runs used the paper's estimator) for schemes whose messages hold stale buffers, `none` for
     every other scheme (they ignore it)."""
     row = TRAITS.get(scheme)
-    if row is None or not row.stale_buffers:
+    if row is None or not row.stale_buffers or spec is None:
         return "none"
-    return "none" if spec is None else str(spec).strip().lower()
+    try:  # one spelling per rule: weights:0.30 is weights:0.3
+        ratio = parse_correction(spec)
+    except ConfigError:
+        return str(spec)  # a damaged record: compared as written, so it differs
+    return "none" if ratio is None else f"weights:{ratio:g}"

@@ -121,6 +121,7 @@ def test_schemes_without_stale_buffers_ignore_it(name):
             np.testing.assert_array_equal(sch.message_coefficients(w, t), sch.coefficients(w))
     assert applied_correction(name, "weights:0") == "none"
     assert applied_correction("pgc-cr", "weights:0.3") == "weights:0.3"
+    assert applied_correction("pgc-cr", " Weights:0.30") == "weights:0.3"  # one spelling per rule
     assert applied_correction("pgc-cr", None) == "none"  # a record from before the option
     assert applied_correction("no-such-scheme", "weights:0.3") == "none"
 
