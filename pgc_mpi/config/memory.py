@@ -14,7 +14,10 @@ number in --dtype, w bytes per number on the wire, n workers and c buffers per m
   D*4 * 3 (parameters, their .grad, the flattened gradient). A worker whose torch model is on a
   GPU holds the model, its gradients and its data in device memory, which is not the host's: it
   is charged D*b * 2 instead (the page-locked host mirrors of the parameters and the gradient) and
-  one partition of data (read on the host on its way to the GPU);
+  one partition of data (read on the host on its way to the GPU); a worker whose Dataset is read
+  by loader processes (--loader-workers) holds the minibatches of --prefetch + 1 jobs, c * --accumulate
+  minibatches a job at most (the loader processes are forked: they share the rank's memory until
+  they write to it, and what they allocate themselves is not counted);
 - server k (rank k < K) of a shard of D_k: n*D_k*w (one receive row per worker; the master posts
   every worker's receive at once) + n*D_k*b more when w < b (each row widened to --dtype) +
   D_k*b * (2 + optimizer state: the parameters and the decoded gradient; momentum 1, adam 2) +
@@ -56,6 +59,7 @@ class ProblemSize:
     partition_bytes: float = 0.0
     whole_bytes: float = 0.0
     master_data_bytes: float = 0.0
+    minibatch_bytes: float = 0.0  # one minibatch of a lazy source (a Dataset), as loaders hold it ahead
 
 
 def synthetic_size(cfg: TrainConfig) -> ProblemSize:
@@ -65,13 +69,15 @@ def synthetic_size(cfg: TrainConfig) -> ProblemSize:
 
 
 def torch_size(dim: int, sample_shape: tuple[int, ...], num_train: int, num_test: int, n: int, held: bool,
-               eval_train: bool) -> ProblemSize:
+               eval_train: bool, batch_size: int | None = None) -> ProblemSize:
     """A torch problem's size: `held` when the workers hold their partitions' rows in memory (HDF5
-    files, arrays; a Dataset is read a minibatch at a time)."""
+    files, arrays; a Dataset is read a minibatch at a time, of `batch_size` rows: None, a partition)."""
     sample = 4.0 * math.prod(sample_shape) + 8  # float32 features and an int64 label
     partition = sample * num_train / n if held else 0.0
     master = sample * ((num_train if eval_train else 0) + num_test) if held else 0.0
-    return ProblemSize(dim=dim, torch=True, partition_bytes=partition, master_data_bytes=master)
+    minibatch = 0.0 if held else sample * min(batch_size or num_train, math.ceil(num_train / n))
+    return ProblemSize(dim=dim, torch=True, partition_bytes=partition, master_data_bytes=master,
+                       minibatch_bytes=minibatch)
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,9 @@ def rank_need(cfg: TrainConfig, scheme, size: ProblemSize, rank: int, built: boo
         parts = [problem, data, (f"{scheme.c} stale buffers", scheme.c * d * b), ("fresh gradient", d * b),
                  ("send and receive buffers", 2 * d * w),
                  ("widened model, message and its rounding", 3 * d * b if w != b else 0.0)]
+        if size.minibatch_bytes and cfg.loader_processes(lazy=True):  # each job: c minibatches at most
+            parts.append((f"minibatches of {cfg.prefetch + 1} jobs loaded ahead",
+                          (cfg.prefetch + 1) * scheme.c * cfg.accumulate * size.minibatch_bytes))
         if on_gpu:
             parts.append(("page-locked mirrors of the GPU's parameters and gradient", 2 * d * b))
         elif size.torch:

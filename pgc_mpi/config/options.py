@@ -147,6 +147,11 @@ _HELP = {
     "log_level": f"log level of every rank: {', '.join(LOG_LEVELS)}",
     "log_dir": "also write each rank's log to DIR/rank-<r>.log (for post-mortems)",
     "record_params": "also write params.npy with the parameters after every step (small models only)",
+    "loader_workers": "processes per worker that read the minibatches of its next jobs ahead, while it computes, "
+                      "sends and waits (a torch Dataset's reads; arrays and HDF5 rows are held in memory and need "
+                      "none); 0: each worker reads its own; auto: 2 for a Dataset, 0 otherwise",
+    "prefetch": "with loader processes, how many jobs ahead a worker's minibatches are loaded (the memory "
+                "held: this many jobs' minibatches and the current one's)",
     "compute_time": "emulate a cluster's compute: every partition gradient takes at least this many seconds (the "
                     "real gradient is computed and the rest slept), so ranks sharing cores behave like nodes",
     "device": "where the workers compute their gradients: cpu, cuda (a GPU per worker, chosen by its rank on its "

@@ -46,6 +46,10 @@ MATRIX_ELEMENTS_LIMIT = 2**24
 
 
 LOG_LEVELS = ("debug", "info", "warning")
+# --loader-workers auto for a torch Dataset: two loader processes per worker hide a minibatch's
+# read behind a step (one loads the next job's minibatch while the other finishes a dropped or
+# the current one); more only help when one read takes longer than a step (docs/BENCHMARKS.md §27)
+AUTO_LOADERS = 2
 
 
 def slurm_run_name() -> str | None:
@@ -100,6 +104,8 @@ class TrainConfig(CoreConfig):
     verify_data: bool = True
     memory_check: bool = True
     compute_time: float | None = None
+    loader_workers: int | str = "auto"
+    prefetch: int = 2
     overwrite: bool = False
     log_interval: float = 10.0
     log_level: str = "info"
@@ -163,6 +169,7 @@ class TrainConfig(CoreConfig):
         _positive_int("keep-checkpoints", self.keep_checkpoints)
         if self.compute_time is not None:
             _positive("compute-time", self.compute_time)
+        self._check_loading()
         _positive("log-interval", self.log_interval)
         _choice("log-level", self.log_level, LOG_LEVELS)
         self._check_devices()
@@ -175,6 +182,25 @@ class TrainConfig(CoreConfig):
         self._check_recipe()
         if self.scheme in PEER_SCHEMES:
             self._check_peer_options()
+
+    def _check_loading(self) -> None:
+        if self.loader_workers != "auto" and not (isinstance(self.loader_workers, int)
+                                                  and not isinstance(self.loader_workers, bool)
+                                                  and self.loader_workers >= 0):
+            raise ConfigError(f"--loader-workers must be a whole number >= 0 (0: each worker reads its own "
+                              f"minibatches) or auto, got {self.loader_workers!r}")
+        if not (isinstance(self.prefetch, int) and not isinstance(self.prefetch, bool) and self.prefetch >= 0):
+            raise ConfigError(f"--prefetch must be a whole number >= 0 (the jobs whose minibatches are loaded ahead), "
+                              f"got {self.prefetch!r}")
+
+    def loader_processes(self, lazy: bool) -> int:
+        """A worker's loader processes (pgc_mpi.learning.prefetch) for a data source that is `lazy`
+        (a torch Dataset, read a minibatch at a time): --loader-workers, where auto means
+        AUTO_LOADERS for a Dataset and none for held rows (arrays, HDF5, the built-ins: a
+        minibatch of them is a slice of memory, with nothing to hide)."""
+        if not lazy or self.synthetic:
+            return 0
+        return AUTO_LOADERS if self.loader_workers == "auto" else int(self.loader_workers)
 
     def _check_recipe(self) -> None:
         """What pgc-train adds to the recipe (CoreConfig checks the rest): autocast, accumulation's

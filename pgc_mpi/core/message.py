@@ -27,6 +27,7 @@ GRADIENT_FIELDS: tuple[tuple[str, type], ...] = (
     ("delay", np.float64),  # injected straggler delay in seconds
     ("gradients", np.int64),  # partition gradients computed for this message
     ("computed_share", np.float64),  # of its micro-batches (1: all; less when DropCompute cut them short)
+    ("data_wait", np.float64),  # of compute_time, the seconds spent getting minibatches (nan: not measured)
 )
 MODEL_HEADER = np.dtype([("step", np.int64)])
 
@@ -73,6 +74,7 @@ class Message:
     gradients: int = 1
     real_compute_time: float = math.nan  # nan where nothing real was computed (the simulator)
     computed_share: float = 1.0  # --drop-compute: the share of the micro-batches computed (core.drop_compute)
+    data_wait: float = math.nan  # of compute_time, getting the minibatches (nan where not measured: the simulator)
     # Not on the wire: the receiver's own measure (MessageRecord.turnaround), set before the record
     turnaround: float = math.nan
 
@@ -91,7 +93,7 @@ class Message:
     def record(self, verdict: str) -> MessageRecord:
         """What the metrics keep of this message, with the master's verdict on it."""
         return MessageRecord(self.worker, self.step, self.delay, self.compute_time, self.gradients, verdict,
-                             self.real_compute_time, self.turnaround)
+                             self.real_compute_time, self.turnaround, self.data_wait)
 
 
 class _RecordFields(NamedTuple):
@@ -103,6 +105,7 @@ class _RecordFields(NamedTuple):
     verdict: str
     real_compute_time: float = math.nan
     turnaround: float = math.nan
+    data_wait: float = math.nan
 
 
 class MessageRecord(_RecordFields):
@@ -119,16 +122,20 @@ class MessageRecord(_RecordFields):
     turnaround - compute_time is what the worker took beyond its computation: injected delay,
     communication, any hold-up (pgc_mpi.runs.delays). In the simulator: simulated seconds from
     the model reaching the worker to the master taking the message in. nan where unknown:
-    rejected messages, ddp, and records written before it existed."""
+    rejected messages, ddp, and records written before it existed. data_wait is the part of
+    compute_time the worker spent getting its minibatches: reading them, or waiting for the
+    loaders that read them ahead (--loader-workers); a slow data pipeline shows here, a slow node
+    does not (nan in the simulator, for the NumPy problems, and in records written before it
+    existed)."""
 
     __slots__ = ()
 
     @classmethod
     def _make(cls, iterable) -> MessageRecord:  # type: ignore[override]
-        """A record from its JSON list; lists written before real_compute_time or turnaround existed
-        (6 or 7 values) get nan for the fields they lack."""
+        """A record from its JSON list; lists written before real_compute_time, turnaround or
+        data_wait existed (6 to 8 values) get nan for the fields they lack."""
         values = list(iterable)
-        if len(cls._fields) - 2 <= len(values) < len(cls._fields):
+        if len(cls._fields) - 3 <= len(values) < len(cls._fields):
             values += [math.nan] * (len(cls._fields) - len(values))
         return tuple.__new__(cls, values) if len(values) == len(cls._fields) else super()._make(values)
 

@@ -98,7 +98,8 @@ def problem_size(cfg, problem, n: int):
         return synthetic_size(cfg)
     info = problem.info
     return torch_size(problem.dim, info.sample_shape, info.num_train, info.num_test, n,
-                      held=not getattr(problem.source, "lazy", False), eval_train=problem.eval_train)
+                      held=not getattr(problem.source, "lazy", False), eval_train=problem.eval_train,
+                      batch_size=cfg.batch_size)
 
 
 def available_memory(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> tuple[float, str]:

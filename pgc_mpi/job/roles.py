@@ -58,11 +58,17 @@ def run_worker_rank(cfg: TrainConfig, comm, log, scheme, problem, header, wire: 
     """A worker rank: its step loop (pgc_mpi.runtime.worker) over its link to the servers."""
     servers = cfg.servers
     layout = Layout(header, problem.dim, wire.storage)
-    settings = WorkerSettings.of(cfg, scheme)
+    minibatches = getattr(problem, "minibatches", None)  # a torch problem's (pgc_mpi.learning.minibatches)
+    loader = None if minibatches is None else minibatches.loader
+    settings = WorkerSettings.of(cfg, scheme, loads_ahead=loader is not None)
     link = WorkerTransport(comm, layout, cfg.poll_interval, wire, shard_bounds(problem.dim, servers)
                            if servers > 1 else None, heartbeat=heartbeat_interval(cfg.lost_after))
-    computed = run_worker(comm.Get_rank() - servers, scheme, problem, link, DelayModel(cfg.delay, n, seed=cfg.seed),
-                          settings)
+    try:
+        computed = run_worker(comm.Get_rank() - servers, scheme, problem, link,
+                              DelayModel(cfg.delay, n, seed=cfg.seed), settings)
+    finally:
+        if minibatches is not None:
+            minibatches.close()
     log_rank_end(log, f"{computed} gradients computed")
     return 0
 

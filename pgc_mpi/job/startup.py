@@ -53,6 +53,8 @@ def build_problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool 
         raise ConfigError(f"the {cfg.model} model and its data do not fit on {plan.name} "
                           f"({one_line(exc)}): use a smaller model or --batch-size, fewer ranks per GPU, or "
                           f"{flag} cpu") from None
+    if partitions:  # a worker: a Dataset's minibatches read ahead (pgc_mpi.learning.minibatches)
+        problem.minibatches.start_loaders(cfg.loader_processes(problem.minibatches.lazy))
     return with_sampling(problem, cfg.fixed_minibatch, cfg.accumulate)
 
 

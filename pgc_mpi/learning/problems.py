@@ -12,7 +12,8 @@ none (memory and cost per gradient O(dim)), for runs with many ranks or millions
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -289,6 +290,10 @@ class FirstMinibatch:
         """TorchProblem's minibatch loss (the ddp baseline), of the first minibatch."""
         return self.inner.minibatch_loss(partition, 0, **kwargs)
 
+    def expect(self, draws: Iterable[tuple[int, int]]) -> None:
+        """The minibatches computed next (expect_draws): each partition's first."""
+        expect_draws(self.inner, ((partition, 0) for partition, _ in draws))
+
 
 class Accumulated:
     """--accumulate K: a partition's `draw`-th gradient is the mean over K micro-batches, the
@@ -305,6 +310,11 @@ class Accumulated:
 
     def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
         return self.loss_and_grad(w, partition, draw)[1]
+
+    def expect(self, draws: Iterable[tuple[int, int]]) -> None:
+        """The minibatches computed next (expect_draws): each draw's K micro-batches, in order."""
+        k = self.micro_batches
+        expect_draws(self.inner, ((partition, k * draw + j) for partition, draw in draws for j in range(k)))
 
     def loss_and_grad(self, w: np.ndarray, partition: int, draw: int, check: Callable[[int], None] | None = None,
                       stop: Callable[[int], bool] | None = None) -> tuple[float, np.ndarray]:
@@ -325,6 +335,22 @@ class Accumulated:
             done += 1
         total /= k
         return loss / done, total
+
+
+def expect_draws(problem: Problem, draws: Iterable[tuple[int, int]]) -> None:
+    """Tell `problem` which (partition, draw) minibatches it computes next, in order, so that
+    a torch problem with loaders reads them ahead (pgc_mpi.learning.minibatches); a problem that
+    loads nothing (the NumPy ones) ignores it."""
+    expect = getattr(problem, "expect", None)
+    if expect is not None:
+        expect(draws)
+
+
+def take_data_wait(problem: Problem) -> float:
+    """Seconds `problem` spent getting minibatches since the last call (nan: it does not measure
+    it; the NumPy problems compute on rows they hold)."""
+    minibatches = getattr(problem, "minibatches", None)
+    return minibatches.take_data_wait() if minibatches is not None else math.nan
 
 
 def with_sampling(problem: Problem, fixed_minibatch: bool, accumulate: int = 1) -> Problem:

@@ -25,10 +25,11 @@ import torch
 from torch import nn
 
 from ..choices import DTYPE_NAMES
-from ..core.sampling import draw_seed, minibatch_positions, needs_labels, partition_indices, refuse_unlabelled
+from ..core.sampling import draw_seed, needs_labels, partition_indices, refuse_unlabelled
 from ..errors import ConfigError
 from . import state
 from .architectures import build_model
+from .minibatches import Minibatches
 from .parts import ModelLike, ProblemParts, parts_from_names
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # the torch dtype of each name config accepts
@@ -160,21 +161,23 @@ class TorchProblem:
         self.partitioning = partitioning
         self.partitions = partition_indices(info.num_train, n, seed, partitioning, _labels(source, partitioning))
         self.stored = range(n) if partitions is None else sorted(set(partitions))
-        self.lazy = getattr(source, "lazy", False)
-        self._local = {} if self.lazy else {j: self._tensors(*source.read_train(self.partitions[j]))
-                                            for j in self.stored}
+        self.minibatches = Minibatches(source, self.partitions, self.stored, batch_size, seed, self._tensors)
         self._eval: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._initial = self.flat.values.copy()
         self._check_fit()
 
-    def _tensors(self, x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tensors(self, x: Any, y: Any, pinned: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Features in the model's dtype (integer ones, such as token ids, stay int64) and targets:
-        int64 labels, or floating-point targets in the model's dtype."""
+        int64 labels, or floating-point targets in the model's dtype, on the device. `pinned`: a
+        prefetched minibatch on its way to a CUDA device goes through page-locked memory."""
         x, y = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x), torch.as_tensor(
             np.asarray(y) if not isinstance(y, torch.Tensor) else y)
         integer_x = not x.is_floating_point() and x.dtype not in (torch.uint8, torch.bool)
-        return (x.to(self.device, torch.int64 if integer_x else self.dtype),
-                y.to(self.device, torch.int64 if not self.regression else self.dtype))
+        x, y = x.to(dtype=torch.int64 if integer_x else self.dtype), y.to(
+            dtype=torch.int64 if not self.regression else self.dtype)
+        if pinned and self.device.type == "cuda":
+            x, y = x.pin_memory(), y.pin_memory()
+        return x.to(self.device, non_blocking=pinned), y.to(self.device, non_blocking=pinned)
 
     def _check_fit(self) -> None:
         """A forward pass and the loss on two training samples: a model that does not fit the data,
@@ -263,7 +266,7 @@ class TorchProblem:
         if partition not in self.stored:
             raise KeyError(f"partition {partition} is not stored here (stored: {list(self.stored)})")
         torch.manual_seed(draw_seed(self.seed, partition, draw))
-        x, y = self._minibatch(partition, draw)
+        x, y = self.minibatches.get(partition, draw)  # a prefetched one restores the generator's state after its load
         with self._autocast():
             return self._loss((self.module if module is None else module)(x), y)
 
@@ -275,14 +278,10 @@ class TorchProblem:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16 if self.autocast == "bf16" else torch.float16)
 
-    def _minibatch(self, partition: int, draw: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = self.partitions[partition]
-        if self.lazy:  # read just this minibatch's rows
-            return self._tensors(*self.source.read_train(
-                rows[minibatch_positions(len(rows), self.batch_size, draw, self.seed, partition)]))
-        x, y = self._local[partition]
-        pos = torch.from_numpy(minibatch_positions(len(y), self.batch_size, draw, self.seed, partition)).to(y.device)
-        return x[pos], y[pos]
+    def expect(self, draws: Iterable[tuple[int, int]]) -> None:
+        """The (partition, draw) minibatches computed next, in order: loaded ahead where
+        `minibatches` has loaders (pgc_mpi.learning.minibatches, which also counts the data wait)."""
+        self.minibatches.expect(draws)
 
     def grad(self, w: np.ndarray, partition: int, draw: int) -> np.ndarray:
         """The gradient of loss_and_grad."""

@@ -14,8 +14,9 @@ import numpy as np
 from ..core.message import MessageRecord
 
 MAGIC = b"PGCm"
-FORMAT = 3
-FORMATS = (1, 2, 3)  # the block formats the reader takes: 1 has no turnaround column; 1 and 2 check the body only
+FORMAT = 4
+# the block formats the reader takes: 1 has no turnaround column, 1 to 3 no data_wait; 1 and 2 check the body only
+FORMATS = (1, 2, 3, 4)
 # magic, format, moved keys (bits), c, step, rows, ages, compressed length, CRC-32 (format 3: of the
 # header's first 28 bytes and the compressed body; 1 and 2: of the compressed body)
 HEADER = struct.Struct("<4sBBHqIIII")
@@ -25,10 +26,12 @@ MOVED = ("messages", "arrivals", "used", "rejected", "versions", "ages")  # bit 
 VERDICTS = ("used", "accepted", "late", "stale", "rejected")  # MessageRecord.verdict, by code
 ARRIVED, USED, REJECTED, WHOLE = 1, 2, 4, 8  # row flags (WHOLE: the turnaround column holds it whole)
 COLUMNS = (("worker", "<i4"), ("back", "<i4"), ("delay", "<i8"), ("compute_time", "<i8"),
-           ("real_compute_time", "<i8"), ("turnaround", "<i8"), ("gradients", "<i4"), ("verdict", "u1"),
-           ("flags", "u1"))
-COLUMNS_OF = {3: COLUMNS, 2: COLUMNS, 1: tuple(c for c in COLUMNS if c[0] != "turnaround")}  # by block format
-TIMES = ("delay", "compute_time", "real_compute_time", "turnaround")  # in nanoseconds, byte-shuffled
+           ("real_compute_time", "<i8"), ("turnaround", "<i8"), ("data_wait", "<i8"), ("gradients", "<i4"),
+           ("verdict", "u1"), ("flags", "u1"))
+_BEFORE_DATA_WAIT = tuple(c for c in COLUMNS if c[0] != "data_wait")
+COLUMNS_OF = {4: COLUMNS, 3: _BEFORE_DATA_WAIT, 2: _BEFORE_DATA_WAIT,  # by block format
+              1: tuple(c for c in _BEFORE_DATA_WAIT if c[0] != "turnaround")}
+TIMES = ("delay", "compute_time", "real_compute_time", "turnaround", "data_wait")  # nanoseconds, byte-shuffled
 FIELDS = len(MessageRecord._fields)  # a message's JSON list: MessageRecord's fields in order
 NAN_NS, INF_NS = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 CODES = {verdict: code for code, verdict in enumerate(VERDICTS)}

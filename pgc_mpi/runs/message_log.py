@@ -9,18 +9,19 @@ one compressed block, and returns the record for metrics.jsonl: its fixed-size f
 `n_messages`, `n_arrivals` and `n_used`. `read_steps` puts them back.
 
 The file is a sequence of blocks, one per step record, in step order. A block is a 32-byte
-header (little-endian, `HEADER`): magic b"PGCm", format version (3), which of the record's keys
+header (little-endian, `HEADER`): magic b"PGCm", format version (4), which of the record's keys
 the block holds (bit i: `MOVED[i]`), c (buffer versions per message: each block says its own),
 the record's step (int64), rows (its messages), ages (pbs: n; else 0), the length of the
 compressed body and a CRC-32 of the block as a whole: the header's other 28 bytes, then the
 body. Older blocks are still read: format 2's CRC covers the body only (a flipped header field
 passes it, and is caught when the body does not decode to the sizes the header promises), and
-format 1, written before turnaround was recorded, has no turnaround column (None). Then the body,
+format 1, written before turnaround was recorded, has no turnaround column (None); formats 1 to
+3, written before data_wait was recorded, have no data_wait column (None). Then the body,
 zlib-compressed (level `LEVEL`) columns one after the other, `rows` values each unless said
 (`COLUMNS`; the layout's constants and the column encodings are in pgc_mpi.runs.message_columns):
 
 - worker (int32), back (int32: the record's step minus the message's step);
-- delay, compute_time, real_compute_time, turnaround (formats 2 and 3): int64 nanoseconds
+- delay, compute_time, real_compute_time, turnaround (formats 2 to 4), data_wait (format 4): int64 nanoseconds
   (`NAN_NS` for NaN, `INF_NS` for infinity), byte-shuffled. Read back as seconds they are the
   original to the nanosecond, and exactly the original when it had at most 9 decimals (a
   --delay or --compute-time given in the flags). A trace replays delays
@@ -128,7 +129,7 @@ def pack(record: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
         return record, None
     step, rows = int(record["step"]), len(messages)
     fields = list(zip(*messages)) or [()] * FIELDS
-    if len(fields) != FIELDS:  # records written before real_compute_time or turnaround existed
+    if len(fields) != FIELDS:  # records written before real_compute_time, turnaround or data_wait existed
         fields = list(zip(*((*m, *[math.nan] * (FIELDS - len(m))) for m in messages)))
     workers = np.asarray(fields[0], dtype=np.int64)
     verdict = np.asarray(list(map(CODES.__getitem__, fields[5])), dtype=np.uint8)
@@ -151,7 +152,7 @@ def pack(record: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
     flags[whole] |= WHOLE
     columns = {"worker": workers, "back": step - np.asarray(fields[1], dtype=np.int64), "delay": delay,
                "compute_time": compute, "real_compute_time": to_nanoseconds(fields[6]), "turnaround": turnaround,
-               "gradients": fields[4], "verdict": verdict, "flags": flags}
+               "data_wait": to_nanoseconds(fields[8]), "gradients": fields[4], "verdict": verdict, "flags": flags}
     parts = []
     for name, code in COLUMNS:
         column = np.asarray(columns[name]).astype(code, copy=False)
@@ -250,9 +251,10 @@ class Block:
                 ns, relative = cols["turnaround"].copy(), flags & WHOLE == 0
                 ns[relative] += cols["delay"][relative] + cols["compute_time"][relative]
                 turnaround = to_seconds(ns)
+            waits = to_seconds(cols["data_wait"]) if "data_wait" in cols else [None] * self.rows  # formats 1-3
             verdicts = [VERDICTS[v] for v in cols["verdict"].tolist()]
             out["messages"] = [list(m) for m in zip(workers, steps, delay, compute, cols["gradients"].tolist(),
-                                                    verdicts, real, turnaround)]
+                                                    verdicts, real, turnaround, waits)]
         for key, flag in (("arrivals", ARRIVED), ("used", USED), ("rejected", REJECTED)):
             if self.moved & BIT[key]:
                 out[key] = [workers[i] for i in np.flatnonzero(flags & flag).tolist()]

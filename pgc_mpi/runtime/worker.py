@@ -20,7 +20,7 @@ from ..core.schemes import CodedScheme, PbsScheme
 from ..core.stragglers import DelayModel
 from ..core.wire import FLOAT16_MAX
 from ..errors import PgcError
-from ..learning.problems import Accumulated, Problem
+from ..learning.problems import Accumulated, Problem, expect_draws, take_data_wait
 from .abandon import Abandoned, DecidedWatch
 from .drop_threshold import threshold_watch
 from .transport import WorkerTransport
@@ -48,13 +48,15 @@ class WorkerSettings:
     abandon_late: bool = False  # drop a decided job at a check point (pgc_mpi.runtime.abandon)
     drop_compute: float | str | None = None  # DropCompute's threshold in seconds, or auto (core.drop_compute)
     max_staleness: int | None = None  # --max-staleness in steps (None: no bound)
+    prefetch: int | None = None  # --prefetch: the jobs ahead whose minibatches are named (None: no loaders)
 
     @classmethod
-    def of(cls, cfg: TrainConfig, scheme: CodedScheme | PbsScheme) -> WorkerSettings:
-        """A run's worker settings (a resumed start drops faults that name a worker it lacks)."""
+    def of(cls, cfg: TrainConfig, scheme: CodedScheme | PbsScheme, loads_ahead: bool = False) -> WorkerSettings:
+        """A run's worker settings (a resumed start drops faults that name a worker it lacks);
+        `loads_ahead`: the worker's problem has loaders (pgc_mpi.learning.minibatches)."""
         return cls(tuple(parse_faults(cfg.fault, scheme.n, elastic=cfg.resume is not None)), cfg.refresh_over(scheme),
                    cfg.compute_time, cfg.accumulate, cfg.abandons_late(), cfg.drop_compute,
-                   cfg.staleness_bound(scheme))
+                   cfg.staleness_bound(scheme), cfg.prefetch if loads_ahead else None)
 
 
 def _compute(problem: Problem, w: np.ndarray, part: int, draw: int, job: WorkerJob) -> tuple[float, np.ndarray]:
@@ -152,6 +154,8 @@ class CodedWorker:
         self.versions = self.scheme.warmup_versions(step)
         began = time.perf_counter()
         slots = self.scheme.warmup_slots(self.worker, step)
+        warmup = [(self.parts[k], self.scheme.draw_index(self.versions[k], k)) for k in slots]
+        self.expect(step, self.scheme.fresh_slots(step, self.worker), before=warmup)
         for k in slots:
             draw = self.scheme.draw_index(self.versions[k], k)
             self.buffers[k] = self.problem.loss_and_grad(self.link.model, self.parts[k], draw)[1]
@@ -170,9 +174,23 @@ class CodedWorker:
         costs = abandonable and drop_costs_a_gradient(scheme, self.worker, step, slots, self.versions,
                                                       settings.max_staleness, self.first)
         threshold = self.thresholds.threshold() if self.thresholds is not None else None
+        self.expect(step, slots)
+        take_data_wait(self.problem)  # what the warm-up or an abandoned job waited is not this job's
         job = Job(self.worker, step, slots, time.perf_counter(), self.delays.delay(self.worker, step),
                   settings.compute_time, settings.micro_batches, abandonable, costs, threshold)
         return WorkerJob(job, self.watch, self.link.stop_requested, self.link.fall_silent)
+
+    def expect(self, step: int, slots: tuple[int, ...], before: list[tuple[int, int]] | None = None) -> None:
+        """With loaders (--prefetch): the minibatches of the job at `step` (its `slots`, after
+        `before`) and of the fresh slots of the --prefetch steps after it, which the next jobs
+        compute unless this worker falls behind (its loaders then drop them)."""
+        if self.settings.prefetch is None:
+            return
+        draws = list(before or ())
+        for later in range(step, step + 1 + self.settings.prefetch):
+            slots = slots if later == step else self.scheme.fresh_slots(later, self.worker)
+            draws += [(self.parts[k], self.scheme.draw_index(later, k)) for k in slots]
+        expect_draws(self.problem, draws)
 
     def compute(self, job: WorkerJob) -> tuple[list[float], tuple[float, float, float]]:
         """(the slots' losses, (compute time, real compute time, delay)): the job's gradients into
@@ -201,7 +219,7 @@ class CodedWorker:
         self.computed += len(losses)
         self.link.write_header(Message(job.job.step, self.worker, tuple(self.versions), loss=float(np.mean(losses)),
                                        compute_time=took, delay=slept, gradients=len(losses), real_compute_time=real,
-                                       computed_share=job.share()))
+                                       computed_share=job.share(), data_wait=take_data_wait(self.problem)))
         _send(self.link, self.faults, self.worker, job.job.step)
 
     def close(self) -> None:
@@ -226,6 +244,9 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
     while version is not None:
         slot = scheme.fresh_slots(count, worker)[0]
         part = scheme.placement[worker][slot]
+        if settings.prefetch is not None:  # the draws of its next computations, whatever their models
+            expect_draws(problem, [(scheme.partition_for(worker, m), scheme.draw_index(m, m % scheme.c))
+                                   for m in range(count, count + 1 + settings.prefetch)])
         job = WorkerJob(Job(worker, version, (slot,), time.perf_counter(), delays.delay(worker, version, attempts),
                             settings.compute_time, number=count), interrupted=link.stop_requested,
                         fall_silent=link.fall_silent)
@@ -233,7 +254,7 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
         _put_on_wire(link, grad)
         took, real, slept = job.finish()
         link.write_header(Message(version, worker, (version,), partition=part, loss=loss, compute_time=took,
-                                  delay=slept, real_compute_time=real))
+                                  delay=slept, real_compute_time=real, data_wait=take_data_wait(problem)))
         _send(link, faults, worker, version)
         count += 1
         answer = _one_step(link, link.next_model())

@@ -17,7 +17,7 @@ def test_a_message_survives_its_bytes():
     buf = layout.allocate()[0]
     header, payload = layout.split(buf)
     sent = Message(7, 2, (5, 6, 7), partition=-1, loss=0.25, compute_time=0.5, delay=1.5, gradients=1,
-                   real_compute_time=0.125)
+                   real_compute_time=0.125, data_wait=0.0625)
     sent.write(header)
     payload[:] = np.arange(5)
     copy = buf.copy()  # what the receiver's buffer holds after MPI moved the bytes
@@ -44,16 +44,19 @@ def test_every_scheme_s_message_carries_its_buffer_versions(name, versions):
 
 def test_a_record_is_a_json_list_read_back_by_name():
     rec = Message(3, 1, (2, 3), compute_time=0.1, delay=0.2, gradients=1, real_compute_time=0.05,
-                  turnaround=0.35).record("used")
+                  turnaround=0.35, data_wait=0.01).record("used")
     again = MessageRecord._make(json.loads(json.dumps(rec)))
     assert again == rec and again.verdict == "used" and again.delay == 0.2 and again.turnaround == 0.35
+    assert again.data_wait == 0.01
     bad = MessageRecord.rejected(4)
     assert bad.worker == 4 and bad.step == -1 and math.isnan(bad.delay) and bad.verdict == "rejected"
 
 
-def test_records_written_before_turnaround_or_real_compute_time_read_with_nan():
-    for old in ([3, 7, 0.1, 0.2, 1, "used"], [3, 7, 0.1, 0.2, 1, "used", 0.15]):
+def test_records_written_before_turnaround_real_compute_time_or_data_wait_read_with_nan():
+    for old in ([3, 7, 0.1, 0.2, 1, "used"], [3, 7, 0.1, 0.2, 1, "used", 0.15],
+                [3, 7, 0.1, 0.2, 1, "used", 0.15, 0.4]):
         rec = MessageRecord._make(old)
-        assert rec[:len(old)] == tuple(old) and math.isnan(rec.turnaround)
+        assert rec[:len(old)] == tuple(old) and math.isnan(rec.data_wait)
+        assert math.isnan(rec.turnaround) == (len(old) < 8)
     assert MessageRecord(3, 7, 0.1, 0.2, 1, "used").turnaround != 0  # nan: unknown
     assert Message(3, 1, (3,)).record("used")[-1] != Message(3, 1, (3,)).record("used")[-1]  # nan by default

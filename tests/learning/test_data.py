@@ -236,8 +236,8 @@ def test_h5_reader_returns_exactly_the_requested_rows(tmp_path):
 def test_a_worker_loads_only_its_partitions(tmp_path):
     src = load_digits(0)
     prob = TorchProblem("logreg", src, 6, 16, partitions=[4, 1])
-    assert sorted(prob._local) == [1, 4]
-    x, _ = prob._local[4]
+    assert sorted(prob.minibatches.held) == [1, 4]
+    x, _ = prob.minibatches.held[4]
     np.testing.assert_array_equal(x.numpy(), src.read_train(prob.partitions[4])[0])
     with pytest.raises(KeyError, match="not stored here"):
         prob.loss_and_grad(prob.initial_params(), 0, 0)
@@ -255,7 +255,7 @@ def test_flat_buffer_gradients_equal_torch_autograd(model):
         torch.nn.utils.vector_to_parameters(torch.from_numpy(w), reference.parameters())
     for p in reference.parameters():
         p.grad = None
-    x, y = prob._local[2]
+    x, y = prob.minibatches.held[2]
     from pgc_mpi.core.sampling import minibatch_positions
 
     pos = torch.from_numpy(minibatch_positions(len(y), 16, 5, 2, 2))
@@ -306,7 +306,7 @@ def test_regression_task_uses_half_squared_error(tmp_path):
     prep(["synthetic", "--kind", "least-squares", "--samples", "100", "--features", "3", "--out", str(out)])
     prob = TorchProblem("linear", open_dataset(str(out)), 2, None)
     w = prob.initial_params()
-    x, y = prob._local[0]
+    x, y = prob.minibatches.held[0]
     loss, _ = prob.loss_and_grad(w, 0, 0)
     with torch.no_grad():
         pred = prob.module(x).squeeze(1)

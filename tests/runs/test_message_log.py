@@ -30,7 +30,7 @@ def _same(got: dict, record: dict) -> None:
         {k: v for k, v in want.items() if k != "messages"}
     assert [m[:2] + m[4:6] for m in got["messages"]] == [m[:2] + m[4:6] for m in want["messages"]]
     for mine, theirs in zip(got["messages"], want["messages"], strict=True):
-        for k in (2, 3, 6, 7):  # delay, compute_time, real_compute_time, turnaround
+        for k in (2, 3, 6, 7, 8):  # delay, compute_time, real_compute_time, turnaround, data_wait
             assert (mine[k] is None) == (theirs[k] is None)
             assert mine[k] is None or mine[k] == pytest.approx(theirs[k], abs=0.51e-9)
     assert got["n_messages"] == len(record["messages"]) and got["n_used"] == len(record["used"])
@@ -69,7 +69,7 @@ def test_a_simulated_run_folder_reads_back_as_the_simulator_recorded_it(tmp_path
 def _coded_record() -> dict:
     """A coded step as CodedCollector.record builds it: late, over-stale, malformed, used and unused messages."""
     messages = [MessageRecord(3, 6, 0.25, 0.5, 2, "late", 0.4, 0.9),
-                MessageRecord(1, 7, 0.0, 1e-3, 1, "used", 1e-4, 0.0012345678912),
+                MessageRecord(1, 7, 0.0, 1e-3, 1, "used", 1e-4, 0.0012345678912, 2.5e-4),
                 MessageRecord(2, 7, 1.5, 0.5, 1, "stale", math.nan, 2.0001), MessageRecord.rejected(0),
                 MessageRecord(0, 7, 3.0, 0.5, 1, "accepted", 0.2, math.nan),
                 MessageRecord(4, 7, 0.1, 0.5, 1, "used", 0.1, math.inf)]
@@ -99,10 +99,10 @@ def test_the_lists_come_back_exactly(tmp_path, record):
 def test_times_given_with_few_decimals_come_back_exactly_and_nan_as_none(tmp_path):
     _write(tmp_path, [_coded_record()])
     (got,) = read_steps(tmp_path)
-    assert got["messages"][0] == [3, 6, 0.25, 0.5, 2, "late", 0.4, 0.9]
-    assert got["messages"][1][3:] == [1e-3, 1, "used", 1e-4, 0.001234568]  # the turnaround to the nanosecond
+    assert got["messages"][0] == [3, 6, 0.25, 0.5, 2, "late", 0.4, 0.9, None]
+    assert got["messages"][1][3:] == [1e-3, 1, "used", 1e-4, 0.001234568, 2.5e-4]  # the turnaround to the ns
     assert got["messages"][2][6] is None and got["messages"][2][7] == 2.0001
-    assert got["messages"][3] == [0, -1, None, None, 0, "rejected", None, None]
+    assert got["messages"][3] == [0, -1, None, None, 0, "rejected", None, None, None]
     assert got["messages"][4][7] is None and got["messages"][5][7] is None  # nan, and inf as json.dumps gives it
 
 
@@ -221,43 +221,51 @@ def test_the_run_folder_knows_the_file():
     assert OUTPUTS[:2] == ("config.json", NAME)  # --overwrite clears it, a folder holding it holds a run
 
 
-def _format_1(block: bytes) -> bytes:
-    """A block as messages.bin's format 1 wrote it (before turnaround): the same block without
-    its turnaround column, its WHOLE flags and with format 1 in its header."""
+def _old_format(block: bytes, fmt: int) -> bytes:
+    """A block as messages.bin's format `fmt` wrote it: format 3 before data_wait (the same block
+    without its data_wait column), format 1 before turnaround too (without its turnaround column
+    and its WHOLE flags, its CRC of the body only)."""
+    import struct
     import zlib
 
     import numpy as np
 
-    from pgc_mpi.runs.message_log import COLUMNS, HEADER, WHOLE
+    from pgc_mpi.runs.message_log import CHECKED, COLUMNS, HEADER, WHOLE
 
     magic, _, moved, c, step, rows, ages, _, _ = HEADER.unpack_from(block)
     data = bytearray(zlib.decompress(block[HEADER.size:]))
     at = 0
     for name, code in COLUMNS:
         size = np.dtype(code).itemsize * rows
-        if name == "turnaround":
+        if name == "data_wait" or (name == "turnaround" and fmt == 1):
             del data[at:at + size]
             continue
-        if name == "flags":
+        if name == "flags" and fmt == 1:
             data[at:at + size] = bytes(f & ~WHOLE for f in data[at:at + size])
         at += size
     body = zlib.compress(bytes(data))
-    return HEADER.pack(magic, 1, moved, c, step, rows, ages, len(body), zlib.crc32(body)) + body
+    if fmt == 1:
+        return HEADER.pack(magic, 1, moved, c, step, rows, ages, len(body), zlib.crc32(body)) + body
+    head = HEADER.pack(magic, fmt, moved, c, step, rows, ages, len(body), 0)[:CHECKED]
+    return head + struct.pack("<I", zlib.crc32(body, zlib.crc32(head))) + body
 
 
+@pytest.mark.parametrize("fmt", [1, 3])
 @pytest.mark.parametrize("record", [_coded_record(), _pbs_record()], ids=["coded", "pbs"])
-def test_a_messages_bin_written_before_turnaround_still_reads(tmp_path, record):
-    """Format 1 blocks (pgc-mpi before turnaround was recorded) read back with every other field
-    as before and turnaround None; a file may mix both formats (a run resumed after an upgrade)."""
+def test_a_messages_bin_written_before_turnaround_or_data_wait_still_reads(tmp_path, record, fmt):
+    """Format 1 blocks (pgc-mpi before turnaround was recorded) and format 3 blocks (before
+    data_wait) read back with every other field as before and the missing ones None; a file may
+    mix formats (a run resumed after an upgrade)."""
     _write(tmp_path, [record, {**record, "step": record["step"] + 1}])
     path = tmp_path / NAME
     (_, first), (_, second) = blocks(path)
     whole = path.read_bytes()
     cut = HEADER_SIZE + len(first.body)
-    path.write_bytes(_format_1(whole[:cut]) + whole[cut:])
+    path.write_bytes(_old_format(whole[:cut], fmt) + whole[cut:])
     got = read_steps(tmp_path)
-    assert [b.format for _, b in blocks(path)] == [1, FORMAT]
-    old = {**_json(record), "messages": [[*m[:7], None] for m in _json(record)["messages"]]}
+    assert [b.format for _, b in blocks(path)] == [fmt, FORMAT]
+    kept = 7 if fmt == 1 else 8
+    old = {**_json(record), "messages": [[*m[:kept], *[None] * (9 - kept)] for m in _json(record)["messages"]]}
     _same(got[0], old)
     _same(got[1], {**record, "step": record["step"] + 1})
-    assert all(math.isnan(MessageRecord._make(m).turnaround or math.nan) for m in got[0]["messages"])
+    assert all(math.isnan(MessageRecord._make(m).data_wait or math.nan) for m in got[0]["messages"])
