@@ -44,6 +44,7 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "grace", "lost_after", "poll_interval", "threads", "verify_data", "record_params", "eval_train", "log_interval",
     "log_level",
     "log_dir", "device", "master_device", "share_gpus", "servers", "memory_check",
+    "loader_workers", "prefetch",  # where minibatches are read, not which: the same bits either way
     # the number of workers, too: a run resumes on the workers it has (an elastic restart after
     # lost workers; the placement is rebuilt for the new n: pgc_mpi.runs.checkpoint.load)
     "workers",

@@ -76,6 +76,7 @@ from ..core.stragglers import DelayModel
 from ..core.totals import RunTotals
 from ..errors import PgcError
 from ..learning.optim import make_update
+from ..learning.problems import expect_draws
 from ..learning.torch_problem import TorchProblem
 from ..runs.metrics import MetricsWriter, Progress, master_times
 from .control import ControlSettings
@@ -203,6 +204,8 @@ class DdpWorker:
         self.w = problem.flat.values  # the module's parameters: the optimizer updates them in place
         self.opt = make_update(cfg, self.w, problem, recipe_objects)
         self.reporter = PeerReporter(peers.link, cfg.poll_interval)
+        # with loaders (pgc_mpi.learning.minibatches): the steps ahead whose minibatches it names
+        self.ahead = cfg.prefetch if getattr(problem.minibatches, "loader", None) is not None else None
         barrier(peers.link, cfg.poll_interval)  # ready: see Monitor.run
 
     def run(self) -> int:
@@ -233,6 +236,9 @@ class DdpWorker:
         """One DDP step: forward, backward (delay and allreduce in the hook), optimizer step."""
         problem, clock = self.problem, self.clock
         clock.begin(t, self.thresholds.threshold() if self.thresholds is not None else None)
+        if self.ahead is not None:  # every step is known in advance: the loaders are never wrong
+            draws = range(t, t + 1 + self.ahead)
+            expect_draws(problem, [(self.partition, self.scheme.draw_index(m, 0)) for m in draws])
         problem.flat.flat_grad.zero_()
         if self.micro_batches == 1:
             loss = problem.minibatch_loss(self.partition, self.scheme.draw_index(t, 0), module=self.model)
@@ -399,6 +405,9 @@ def run_worker(cfg: TrainConfig, peers: Peers, scheme: CodedScheme, problem: Tor
                delays: DelayModel, recipe_objects=None) -> int:
     """A worker rank's whole ddp run (every peer applies the same update: the run's optimizer,
     schedule and clipping, `recipe_objects` those pgc_mpi.fit was given); returns the steps it took."""
-    steps = DdpWorker(cfg, peers, scheme, problem, delays, recipe_objects).run()
+    try:
+        steps = DdpWorker(cfg, peers, scheme, problem, delays, recipe_objects).run()
+    finally:
+        problem.minibatches.close()  # its loaders, if any
     peers.link.gather(_digest(problem.flat.values), root=0)
     return steps

@@ -155,6 +155,9 @@ def test_every_option_shows_exactly_one_default(parser, capsys):
     (["--problem", "quadratic", "--dim", "0"], "--dim must be a positive integer"),
     (["--problem", "quadratic", "--scheme", "ddp"], "--scheme ddp trains a torch model"),
     (["--problem", "least-squares", "--dim", "100000"], "use --problem quadratic (no data matrix) for large --dim"),
+    (["--loader-workers", "many"], "--loader-workers must be a whole number >= 0 (0: each worker reads its own "
+                                   "minibatches) or auto, got 'many'"),
+    (["--prefetch", "-1"], "--prefetch must be a whole number >= 0"),
 ])
 def test_bad_flags_give_one_clear_error(args, message):
     cfg = config_from_args(args)

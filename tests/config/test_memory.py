@@ -52,6 +52,21 @@ def test_torch_workers_hold_their_partitions_rows_unless_read_lazily():
     assert torch_size(1000, (1, 28, 28), 60000, 10000, n=6, held=False, eval_train=True).partition_bytes == 0
 
 
+def test_a_workers_loaders_hold_the_minibatches_of_the_jobs_ahead():
+    lazy = torch_size(1000, (1, 28, 28), 60000, 10000, n=6, held=False, eval_train=True, batch_size=64)
+    assert lazy.minibatch_bytes == (4 * 784 + 8) * 64
+    assert torch_size(1000, (1, 28, 28), 60000, 10000, n=6, held=True, eval_train=True).minibatch_bytes == 0
+
+    def worker(**options):
+        cfg = TrainConfig(scheme="gc-cr", stragglers=1, **options)
+        return dict(rank_need(cfg, cfg.make_scheme(6), lazy, 1).parts)
+
+    ahead = worker(prefetch=3, accumulate=2)["minibatches of 4 jobs loaded ahead"]
+    assert ahead == 4 * 2 * 2 * lazy.minibatch_bytes  # 4 jobs of c = 2 gradients of 2 micro-batches
+    assert "minibatches of 3 jobs loaded ahead" not in worker(loader_workers=0)
+    assert "minibatches of 3 jobs loaded ahead" in worker()  # auto: loaders for a Dataset
+
+
 def test_the_check_can_be_turned_off_and_is_no_part_of_a_runs_identity():
     assert config_from_args(["--no-memory-check"]).memory_check is False
     assert config_from_args([]).memory_check is True
