@@ -12,7 +12,6 @@ none (memory and cost per gradient O(dim)), for runs with many ranks or millions
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
@@ -347,10 +346,10 @@ def expect_draws(problem: Problem, draws: Iterable[tuple[int, int]]) -> None:
 
 
 def take_data_wait(problem: Problem) -> float:
-    """Seconds `problem` spent getting minibatches since the last call (nan: it does not measure
-    it; the NumPy problems compute on rows they hold)."""
+    """Seconds `problem` spent getting minibatches since the last call (0 for the NumPy problems:
+    their minibatches are rows they hold, picked as they compute)."""
     minibatches = getattr(problem, "minibatches", None)
-    return minibatches.take_data_wait() if minibatches is not None else math.nan
+    return minibatches.take_data_wait() if minibatches is not None else 0.0
 
 
 def with_sampling(problem: Problem, fixed_minibatch: bool, accumulate: int = 1) -> Problem:

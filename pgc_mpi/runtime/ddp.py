@@ -59,6 +59,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,7 +77,7 @@ from ..core.stragglers import DelayModel
 from ..core.totals import RunTotals
 from ..errors import PgcError
 from ..learning.optim import make_update
-from ..learning.problems import expect_draws
+from ..learning.problems import expect_draws, take_data_wait
 from ..learning.torch_problem import TorchProblem
 from ..runs.metrics import MetricsWriter, Progress, master_times
 from .control import ControlSettings
@@ -157,6 +158,7 @@ class _StepClock:
     delays: DelayModel
     floor: float | None  # --compute-time: the least a partition gradient takes (None: as long as it takes)
     micro_batches: int = 1
+    waited: Callable[[], float] = float  # the seconds spent getting the step's minibatches (float(): 0.0)
     job: WorkerJob | None = None
     real_compute_time: float = 0.0
     compute_time: float = 0.0
@@ -172,7 +174,7 @@ class _StepClock:
         """The local gradient is complete: emulate the compute floor, then sleep the injected delay;
         of a job DropCompute cut to a share of its micro-batches, that share of both (the delay is
         slowness of the computation, as for dgd's workers: pgc_mpi.core.drop_compute)."""
-        self.compute_time, self.real_compute_time, self.slept = self.job.finish()
+        self.compute_time, self.real_compute_time, self.slept = self.job.finish(self.waited())
 
 
 def _delayed_allreduce(clock, bucket):  # no annotations: DDP checks them, and here they would be strings
@@ -199,7 +201,7 @@ class DdpWorker:
         # running statistics (batch norm) stay local, as the parameter server's workers' do: rank 0
         # recalibrates them before evaluating (pgc_mpi.learning.torch_problem)
         self.model = DistributedDataParallel(problem.module, forward_sync_buffers=False)
-        self.clock = _StepClock(self.worker, delays, cfg.compute_time, cfg.accumulate)
+        self.clock = _StepClock(self.worker, delays, cfg.compute_time, cfg.accumulate, lambda: take_data_wait(problem))
         self.model.register_comm_hook(self.clock, _delayed_allreduce)
         self.w = problem.flat.values  # the module's parameters: the optimizer updates them in place
         self.opt = make_update(cfg, self.w, problem, recipe_objects)

@@ -141,6 +141,7 @@ class CodedWorker:
         self.buffers = np.zeros((scheme.c, problem.dim), dtype=dtype)
         self.versions: list[int] = []
         self.computed = 0
+        self.data_wait = 0.0  # of the job just computed: seconds spent getting its minibatches
         self.watch = DecidedWatch(link.comm, len(link.shards)) if settings.abandon_late else None
         self.thresholds = threshold_watch(link.comm, settings.drop_compute)
 
@@ -160,7 +161,8 @@ class CodedWorker:
             draw = self.scheme.draw_index(self.versions[k], k)
             self.buffers[k] = self.problem.loss_and_grad(self.link.model, self.parts[k], draw)[1]
         self.computed += len(slots)
-        pad_compute(began, len(slots), self.settings.compute_time, self.link.stop_requested)
+        pad_compute(began, len(slots), self.settings.compute_time, self.link.stop_requested,
+                    take_data_wait(self.problem))
         return step
 
     def plan(self, step: int) -> WorkerJob:
@@ -175,7 +177,7 @@ class CodedWorker:
                                                       settings.max_staleness, self.first)
         threshold = self.thresholds.threshold() if self.thresholds is not None else None
         self.expect(step, slots)
-        take_data_wait(self.problem)  # what the warm-up or an abandoned job waited is not this job's
+        take_data_wait(self.problem)  # what an abandoned job waited is not this job's
         job = Job(self.worker, step, slots, time.perf_counter(), self.delays.delay(self.worker, step),
                   settings.compute_time, settings.micro_batches, abandonable, costs, threshold)
         return WorkerJob(job, self.watch, self.link.stop_requested, self.link.fall_silent)
@@ -208,7 +210,8 @@ class CodedWorker:
                 job.gradient_done()
             np.dot(self.coefs[step % self.scheme.c], self.buffers, out=self.link.coded)
             _put_on_wire(self.link, self.link.coded)
-            return losses, job.finish()
+            self.data_wait = take_data_wait(self.problem)
+            return losses, job.finish(self.data_wait)
         except Abandoned:
             for k, row, version in kept:
                 self.buffers[k], self.versions[k] = row, version
@@ -219,7 +222,7 @@ class CodedWorker:
         self.computed += len(losses)
         self.link.write_header(Message(job.job.step, self.worker, tuple(self.versions), loss=float(np.mean(losses)),
                                        compute_time=took, delay=slept, gradients=len(losses), real_compute_time=real,
-                                       computed_share=job.share(), data_wait=take_data_wait(self.problem)))
+                                       computed_share=job.share(), data_wait=self.data_wait))
         _send(self.link, self.faults, self.worker, job.job.step)
 
     def close(self) -> None:
@@ -252,9 +255,10 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
                         fall_silent=link.fall_silent)
         loss, grad = problem.loss_and_grad(link.model, part, scheme.draw_index(count, slot))
         _put_on_wire(link, grad)
-        took, real, slept = job.finish()
+        waited = take_data_wait(problem)
+        took, real, slept = job.finish(waited)
         link.write_header(Message(version, worker, (version,), partition=part, loss=loss, compute_time=took,
-                                  delay=slept, real_compute_time=real, data_wait=take_data_wait(problem)))
+                                  delay=slept, real_compute_time=real, data_wait=waited))
         _send(link, faults, worker, version)
         count += 1
         answer = _one_step(link, link.next_model())

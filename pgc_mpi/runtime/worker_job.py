@@ -49,13 +49,15 @@ def injected_delay(seconds: float, interrupted: Callable[[], bool] = never,
 
 
 def pad_compute(began: float, gradients: float, per_gradient: float | None,
-                interrupted: Callable[[], bool] = never) -> tuple[float, float]:
+                interrupted: Callable[[], bool] = never, waited: float = 0.0) -> tuple[float, float]:
     """(compute time, real compute time) of `gradients` gradients computed since `began`: with
     --compute-time (`per_gradient`) the worker first sleeps out the rest of gradients x
-    per_gradient, so ranks sharing cores behave like nodes with a fixed cost per partition gradient."""
+    per_gradient, so ranks sharing cores behave like nodes with a fixed cost per partition gradient.
+    That cost is the model's computation: the `waited` seconds spent getting the minibatches come
+    on top of it, as a node's data loading does (and loaders that read ahead take them away)."""
     real = time.perf_counter() - began
     if per_gradient is not None:
-        sleep_until(began + gradients * per_gradient, interrupted)
+        sleep_until(began + waited + gradients * per_gradient, interrupted)
     return time.perf_counter() - began, real
 
 
@@ -109,19 +111,20 @@ class WorkerJob:
         """The share of its micro-batches the job computed (1 unless DropCompute stopped it)."""
         return self.done / self.job.micro_batches
 
-    def finish(self) -> tuple[float, float, float]:
-        """The rest of a job whose gradients are computed: (compute time, real compute time,
-        delay). It sleeps out --compute-time and then the injected delay; with --abandon-late, or
+    def finish(self, waited: float = 0.0) -> tuple[float, float, float]:
+        """The rest of a job whose gradients are computed, `waited` seconds of it spent getting
+        minibatches: (compute time, real compute time, delay). It sleeps out --compute-time (on
+        top of the wait: pad_compute) and then the injected delay; with --abandon-late, or
         a share of the micro-batches computed below 1 (--drop-compute), the delay is slowness of
         the computation instead: the computed share of the job's span is slept, through its check
         points, where the job may be abandoned (Abandoned). A hang checks nothing."""
         job, share = self.job, self.share()
         if (self.watch is None and share == 1.0) or job.delay == math.inf:
-            took, real = pad_compute(job.began, job.gradients, job.compute_time, self.interrupted)
+            took, real = pad_compute(job.began, job.gradients, job.compute_time, self.interrupted, waited)
             return took, real, injected_delay(job.delay, self.interrupted, self.fall_silent)
         now = time.perf_counter()
         real = now - job.began
-        took, delay = max(real, share * job.compute_floor), share * job.delay
+        took, delay = max(real, waited + share * job.compute_floor), share * job.delay
         until = job.began + took + delay
         for point in job.check_points(until, after=now):
             sleep_until(point, self.interrupted)
