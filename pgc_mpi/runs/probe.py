@@ -8,7 +8,8 @@ of a few dozen steps on the cluster to advise on. `read_probe` takes from it:
   (`provenance.program`; older folders: guessed from the labels fit gives Python objects);
 - the extras of its messages past the warm-up (pgc_mpi.runs.delays: per worker, the tail,
   correlation in time, the persistently slow workers, a fitted `--delay`);
-- each worker's median compute time per gradient (a message's compute_time over its gradients);
+- each worker's median compute time per gradient (a message's compute_time over its gradients),
+  and of it the data wait (getting minibatches: a slow data pipeline, told apart from a slow node);
 - the master's median time per part (receive per message; decode, update, send per step), as
   benchmarks/master_cost.py measures them, over the steps past the warm-up;
 - its last evaluation (what it reached: a target it did not reach is named from it).
@@ -33,6 +34,7 @@ from .delays import WARMUP, DelayReport, extras, summarize
 from .metrics import MASTER_PARTS, read_json
 from .results import load_run
 
+DATA_BOUND = 0.2  # a data wait this share of the compute or more is named as the pipeline's, not the nodes'
 MIN_STEPS = 30  # models with messages past the warm-up: fewer say too little about the tail of the delays
 FIT_PROGRAM = "pgc_mpi.fit"
 
@@ -53,6 +55,7 @@ class Probe:
     delays: DelayReport
     steps_measured: int  # models with messages past the warm-up
     compute: dict[int, float]  # each worker's median compute seconds per gradient
+    data_wait: dict[int, float] = field(default_factory=dict)  # of it, getting minibatches (empty: not recorded)
     master: dict[str, float] = field(default_factory=dict)  # median seconds per part; empty: the master took none
     median_step_time: float = math.nan
     last_eval: dict = field(default_factory=dict)  # the probe's last evaluation record (empty: none)
@@ -93,11 +96,35 @@ class Probe:
                  f"median step {self.median_step_time:.4g} s",
                  self.delays.describe(),
                  f"compute per gradient: median per worker {compute.min():.4g}..{compute.max():.4g} s"]
+        if self.data_wait:
+            lines.append(self.describe_data_wait())
         if self.master:
             per = {"receive": "message"}
             lines.append("master: " + ", ".join(f"{part} {1e3 * sec:.3g} ms per {per.get(part, 'step')}"
                                                 for part, sec in self.master.items()))
         return "\n".join(lines)
+
+
+    def data_wait_share(self) -> float:
+        """The share of the workers' compute spent getting minibatches (medians per gradient; nan: not recorded)."""
+        if not self.data_wait:
+            return math.nan
+        return sum(self.data_wait.values()) / max(sum(self.compute[w] for w in self.data_wait), 1e-12)
+
+    def describe_data_wait(self) -> str:
+        """The data wait in words, and what it is when it weighs: a slow data pipeline, which every
+        scheme pays alike in its compute (the simulation keeps it there), not slow nodes."""
+        waits = np.array(list(self.data_wait.values()))
+        share = self.data_wait_share()
+        line = (f"of it, getting minibatches (data wait): median per worker {waits.min():.4g}..{waits.max():.4g} s "
+                f"({100 * share:.0f}% of the compute)")
+        if share >= DATA_BOUND:
+            loaders = self.options.get("loader_workers", 0)  # runs from before the option read their own
+            line += (": the workers are slowed by their data pipeline, not by slow nodes; every scheme pays it per "
+                     "gradient computed. "
+                     + ("Loader processes (--loader-workers 2) would read it ahead" if loaders in (0, "0") else
+                        "A Dataset whose reads take longer than a step needs more --loader-workers"))
+        return line
 
 
 def read_probe(path: Path, warmup: int = WARMUP) -> Probe:
@@ -127,7 +154,7 @@ def read_probe(path: Path, warmup: int = WARMUP) -> Probe:
                          f"{warmup}; needs at least {MIN_STEPS} steps past the first {warmup} (probe with --steps "
                          f"{MIN_STEPS + warmup + 5} or more)")
     first = int(steps[0]["step"]) + warmup
-    compute = _compute_per_gradient(steps, first)
+    compute = _per_gradient(steps, first)
     if not compute:
         raise ProbeError(f"{path}: no message past the first {warmup} steps says how long its gradients took")
     provenance = recorded.get("provenance") or {}
@@ -135,19 +162,22 @@ def read_probe(path: Path, warmup: int = WARMUP) -> Probe:
                  program=str(provenance.get("program", "unknown")),
                  command_line=tuple(map(str, provenance.get("command_line", ()))),
                  delays=summarize(found, warmup, first, where=str(path)), steps_measured=measured,
-                 compute=compute, master=_master_parts(steps, first),
+                 compute=compute, data_wait=_per_gradient(steps, first, "data_wait"),
+                 master=_master_parts(steps, first),
                  median_step_time=float(np.median([r["step_time"] for r in steps if r["step"] >= first])),
                  last_eval=evals[-1] if evals else {})
 
 
-def _compute_per_gradient(steps: list[dict], first: int) -> dict[int, float]:
-    """Each worker's median compute seconds per gradient over its messages at models from `first` on."""
+def _per_gradient(steps: list[dict], first: int, what: str = "compute_time") -> dict[int, float]:
+    """Each worker's median seconds of `what` (a MessageRecord time: compute_time, data_wait) per
+    gradient over its messages at models from `first` on (messages without it are left out)."""
     per: dict[int, list[float]] = {}
     for record in steps:
         for m in map(MessageRecord._make, record.get("messages", [])):
             usable = m.verdict != "rejected" and m.step >= first and m.gradients
-            if usable and math.isfinite(m.compute_time or math.nan):
-                per.setdefault(int(m.worker), []).append(m.compute_time / m.gradients)
+            value = getattr(m, what)
+            if usable and math.isfinite(value if value is not None else math.nan):
+                per.setdefault(int(m.worker), []).append(value / m.gradients)
     return {w: float(np.median(v)) for w, v in sorted(per.items())}
 
 

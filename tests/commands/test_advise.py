@@ -118,6 +118,25 @@ def test_the_probe_is_read_back(probe):
     assert p.master == {}  # the simulated master took no time
     assert p.last_eval["step"] == 49 and "train_loss" in p.last_eval
     assert "4 workers, 45 steps measured" in p.describe()
+    assert p.data_wait == {} and "data wait" not in p.describe()  # the simulator records none
+
+
+@pytest.mark.parametrize("loaders,waits,says", [
+    (0, {0: 0.04, 1: 0.02}, "Loader processes (--loader-workers 2) would read it ahead"),
+    ("auto", {0: 0.04, 1: 0.02}, "needs more --loader-workers"),
+    (0, {0: 0.001, 1: 0.002}, None),
+])
+def test_a_probes_data_wait_is_told_apart_from_slow_nodes(loaders, waits, says):
+    """A data wait of 20 % of the compute or more is named as the data pipeline's, with what to do."""
+    from pgc_mpi.runs.probe import Probe
+
+    p = Probe(path=Path("probe"), options={"scheme": "dgd", "loader_workers": loaders}, workers=2,
+              program="pgc-train", command_line=(), delays=None, steps_measured=40, compute={0: 0.1, 1: 0.1},
+              data_wait=waits)
+    assert p.data_wait_share() == pytest.approx(sum(waits.values()) / 0.2)
+    line = p.describe_data_wait()
+    assert f"({100 * p.data_wait_share():.0f}% of the compute)" in line
+    assert ("not by slow nodes" in line) == (says is not None) and (says is None or says in line)
 
 
 def test_the_trace_replays_the_probe_then_blocks_of_it(probe, tmp_path):
