@@ -12,6 +12,7 @@ from typing import Any
 
 from ..config.options import build_parser
 from ..runs.probe import Probe
+from ..sim.advice import option_marks
 from ..sim.recommend import MARGIN, CandidateResult, Recommendation
 
 # The probe's flags that the recommendation replaces (the scheme's own ones among them), that
@@ -77,6 +78,7 @@ def cells(row: dict[str, Any]) -> list[str]:
         time += f" [{_g(row['time_low'])}, {_g(row['time_high'])}]"
     mark = "<- recommended" if row["recommended"] else "tie" if row["tie"] else \
         "unsure" if row.get("verdict") == "unsure" else ""
+    mark = "; ".join(m for m in (mark, *option_marks(tuple(row.get("flags", "").split()))) if m)
     ratio = _g(row.get("ratio"), 3)
     if row.get("ratio_low") is not None:
         ratio += f" [{_g(row['ratio_low'], 3)}, {_g(row['ratio_high'], 3)}]"

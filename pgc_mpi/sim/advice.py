@@ -100,11 +100,21 @@ class Candidate:
 
 
 # The options that change the answer, each a candidate of its own beside the scheme without it:
-# (the trait of the schemes it applies to, its flags, its SimConfig fields).
+# (the trait of the schemes it applies to, its flags, its SimConfig fields). The pipelined
+# schemes' two leave the paper's guarantees or follow it: OPTION_MARKS says which in the report.
 OPTION_CANDIDATES = (
     ("drops_compute", ("--drop-compute", "auto"), (("drop_compute", "auto"),)),
     ("abandons", ("--abandon-late",), (("abandon_late", True),)),
+    ("stale_buffers", ("--max-staleness", "none"), (("max_staleness", "none"),)),
+    ("stale_buffers", ("--staleness-correction", "none"), (("staleness_correction", "none"),)),
 )
+OPTION_MARKS = {("--max-staleness", "none"): "leaves the paper's staleness bound",
+                ("--staleness-correction", "none"): "the paper's estimator"}
+
+
+def option_marks(flags: tuple[str, ...]) -> list[str]:
+    """What a candidate's options say about it beyond their names (OPTION_MARKS)."""
+    return [mark for option, mark in OPTION_MARKS.items() if any(flags[k:k + 2] == option for k in range(len(flags)))]
 
 
 def problem_choice(probe: Probe, model: str | None = None, dataset: str | None = None,

@@ -218,11 +218,19 @@ def test_the_table_and_json_agree_and_follow_the_rule(probe, capsys, tmp_path):
     assert chosen_row["ratio"] == 1 and chosen_row["verdict"] in ("fastest", "tie")
     fr = ("pgc-fr needs n divisible by c = 3 (fractional repetition), got n=4: use a multiple of 3 workers or the "
           "cyclic variant pgc-cr (with 4 workers)")
-    assert advice["skipped"][1:] == [f"pgc-fr s=2: {fr}", f"pgc-fr s=2 --abandon-late: {fr}"]
+    assert advice["skipped"][1:] == [f"pgc-fr s=2{flags}: {fr}" for flags in
+                                     ("", " --abandon-late", " --max-staleness none", " --staleness-correction none")]
     # the options are candidates of their own: DropCompute needs micro-batches the probe did not have
     assert advice["skipped"][0].startswith("dgd --drop-compute auto: --drop-compute") and "accumulate" in \
         advice["skipped"][0]
     assert {r["flags"] for r in advice["candidates"] if r["scheme"] == "is-sgd"} == {"", "--abandon-late"}
+    # the pipelined schemes' own: the staleness bound left, the paper's estimator; marked as such
+    pgc = [r for r in advice["candidates"] if r["scheme"] == "pgc-fr"]
+    assert {r["flags"] for r in pgc} == {"", "--abandon-late", "--max-staleness none", "--staleness-correction none"}
+    marks = {r["flags"]: parse_table(printed)[f"pgc-fr {r['flags']} s=1".replace("  ", " ")][-1] for r in pgc
+             if r["flags"].startswith("--max") or r["flags"].startswith("--stal")}
+    assert "leaves the paper's staleness bound" in marks["--max-staleness none"]
+    assert "the paper's estimator" in marks["--staleness-correction none"]
     written = {p.name for p in (tmp_path / "advice").iterdir()}
     assert {"advice.md", "advice.csv", "trace-seed0.csv", "trace-seed1.csv"} <= written
     assert "<- recommended" in (tmp_path / "advice" / "advice.md").read_text()

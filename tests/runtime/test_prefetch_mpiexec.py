@@ -14,6 +14,7 @@ import pytest
 
 from pgc_mpi.core.message import MessageRecord
 from pgc_mpi.core.schemes import make_scheme
+from pgc_mpi.learning.problems import Accumulated
 from pgc_mpi.learning.torch_problem import torch_problem
 from pgc_mpi.sim.replaying import replay
 
@@ -81,16 +82,24 @@ def _script_module(tmp_path):
     return module
 
 
-@pytest.mark.parametrize("scheme", ["pgc-cr", "gc-cr"])
-def test_a_run_with_loaders_equals_its_replay_without_them(tmp_path, scheme):
-    """A 0.4 s straggler makes its worker skip steps: the minibatches loaded for the steps it
-    skipped are dropped, and it reads the ones it needs. Decoding stays exact (gc-cr's holders
-    agree) and the trajectory is the one computed without loaders."""
+ABANDONING = {"abandon_late": True, "accumulate": 2, "compute_time": 0.05, "delay": "exp:0.1"}
+
+
+@pytest.mark.parametrize("scheme,options", [("pgc-cr", {}), ("gc-cr", {}), ("pgc-cr", ABANDONING)],
+                         ids=["pgc-cr", "gc-cr", "pgc-cr-abandoning"])
+def test_a_run_with_loaders_equals_its_replay_without_them(tmp_path, scheme, options):
+    """A 0.4 s straggler makes its worker skip steps (or, with --abandon-late, stragglers drop
+    decided jobs): the minibatches loaded for the jobs it never computes are dropped, and it reads
+    the ones it needs. Decoding stays exact (gc-cr's holders agree) and the trajectory is the one
+    computed without loaders."""
     steps = 16
     out, _ = _fit(tmp_path, scheme=scheme, stragglers=1, steps=steps, dtype="float64", lr=0.5, record_params=True,
-                  loader_workers=2, prefetch=2, delay="random:1:0.4", grace=5)
+                  loader_workers=2, prefetch=2, grace=5, **({"delay": "random:1:0.4"} | options))
     mine = _script_module(tmp_path)
     problem = torch_problem(mine.make_model, mine.Shifted(96, 0), workers=4, batch_size=8, seed=3, dtype="float64")
+    if options:
+        problem = Accumulated(problem, options["accumulate"])
+        assert sum(r["abandoned"] for r in steps_of(out)) >= 1
     expected = replay(make_scheme(scheme, 4, 1, seed=3), problem, steps_of(out), lr=0.5)
     got = np.load(out / "params.npy")
     assert got.shape == (steps + 1, problem.dim)
