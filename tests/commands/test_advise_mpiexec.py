@@ -39,8 +39,9 @@ def test_a_synthetic_probe_is_advised_and_the_table_agrees_with_json(synthetic, 
     assert_agree(advice, capsys.readouterr().out)
     assert advice["master_cost"] == "the probe's measured times"  # its file went with the temporary folder
     assert advice["delays"]["steps"] == 45 and advice["delays"]["mean"] == pytest.approx(0.05, rel=0.3)
-    # 5 schemes, and is-sgd, pgc-fr and pgc-cr also with --abandon-late (dgd's --drop-compute needs micro-batches)
-    assert (tmp_path / "advice.csv").read_text().count("\n") == 1 + 5 + 3
+    # 5 schemes, and is-sgd, pgc-fr and pgc-cr also with --abandon-late (dgd's --drop-compute needs micro-batches),
+    # pgc-fr and pgc-cr with --max-staleness none and with --staleness-correction none
+    assert (tmp_path / "advice.csv").read_text().count("\n") == 1 + 5 + 3 + 4
 
 
 def test_the_trace_replay_gives_the_probes_step_times_back(synthetic, tmp_path):
