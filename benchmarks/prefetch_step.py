@@ -16,8 +16,9 @@ memory: loading is free) runs once per pair as the reference for what a step cos
 compute and loading: the communication and the master (its median step minus --compute-time).
 
 Printed per row: the load of one minibatch (ms per sample x --batch-size), the median step time
-without and with loaders (means over the pairs), their ratio paired by pair with its 95% interval,
-the workers' median data wait with loaders, and the goal's figure: the median step with loaders
+with `--loader-workers 0` and with the row's arm (`auto`; and at --forced ms per sample also `2`,
+loaders whatever the reads cost), means over the pairs, their ratio paired by pair with its 95%
+interval, the workers' median data wait with the arm, and the goal's figure: the arm's median step
 over max(load, compute) + the reference's communication (goal: at most 1.1). With --out, every
 run's folder stays there.
 """
@@ -98,6 +99,8 @@ def main() -> None:
     p.add_argument("--schemes", nargs="+", default=["dgd", "pgc-cr"])
     p.add_argument("--sample-ms", type=float, nargs="+", default=[0.0, 0.2, 0.5, 2.0])
     p.add_argument("--rows", type=int, default=12000, help="the Dataset's training rows (the file's first)")
+    p.add_argument("--forced", type=float, nargs="*", default=[0.0],
+                   help="ms per sample at which --loader-workers 2 runs too (auto may start none)")
     p.add_argument("--out", type=Path, default=None, help="keep the runs' folders here")
     args = p.parse_args()
     h5 = args.data.resolve()
@@ -106,11 +109,12 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         plugin = Path(tmp) / "slow_rows.py"
         plugin.write_text(PLUGIN)
-        base = {**os.environ, "MPIEXEC_TIMEOUT": "1800", "OMP_NUM_THREADS": "1", "BENCH_H5": str(h5), "BENCH_ROWS": str(args.rows)}
+        base = {**os.environ, "MPIEXEC_TIMEOUT": "1800", "OMP_NUM_THREADS": "1", "BENCH_H5": str(h5),
+                "BENCH_ROWS": str(args.rows)}
         print(f"logreg on {h5.name}, batch {args.batch_size}, --compute-time {args.compute_time}, {args.steps} steps, "
               f"{args.pairs} pairs (mean [95% interval] over the pairs)")
-        print(f"{'workers':>7} {'scheme':>7} {'ms/sample':>9} {'load ms':>8} {'step, none':>11} {'step, loaders':>13} "
-              f"{'loaders/none':>22} {'data wait':>10} {'goal fig.':>9}")
+        print(f"{'workers':>7} {'scheme':>7} {'ms/sample':>9} {'load ms':>8} {'step, 0':>11} {'step, arm':>16} "
+              f"{'arm/0':>22} {'data wait':>10} {'goal fig.':>9}", flush=True)
         for workers in args.workers:
             for scheme in args.schemes:
                 flags = ["--model", "logreg", "--scheme", scheme, "-s", "1", "--steps", str(args.steps),
@@ -121,23 +125,28 @@ def main() -> None:
                              for pair in range(args.pairs)]
                 comm = float(np.mean([r["step"] for r in reference])) - args.compute_time
                 step, wait = (np.mean([r[k] for r in reference]) * 1e3 for k in ("step", "data_wait"))
-                print(f"{workers:>7} {scheme:>7} {'hdf5':>9} {0:>8.1f} {step:>9.1f}ms {'':>13} {'':>22} {wait:>8.2f}ms")
+                print(f"{workers:>7} {scheme:>7} {'hdf5':>9} {0:>8.1f} {step:>9.1f}ms {'':>16} {'':>22} {wait:>8.2f}ms",
+                      flush=True)
                 for ms in args.sample_ms:
                     env = {**base, "BENCH_SAMPLE_S": str(ms / 1e3)}
-                    got: dict[str, list[dict[str, float]]] = {"0": [], "auto": []}
+                    arms = ("0", "auto", *(("2",) if ms in args.forced else ()))
+                    got: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
                     for pair in range(args.pairs):
-                        for loaders in (("0", "auto") if pair % 2 == 0 else ("auto", "0")):
+                        for loaders in (arms if pair % 2 == 0 else arms[::-1]):
                             got[loaders].append(run([*flags, "--dataset", f"{plugin}:data", "--seed", str(pair),
                                                      "--loader-workers", loaders],
                                                     root / f"{workers}-{scheme}-{ms}ms-{loaders}-{pair}", workers + 1,
                                                     env))
-                    none, ahead = ([r["step"] for r in got[k]] for k in ("0", "auto"))
-                    ratio = interval([b / a for a, b in zip(none, ahead)])
                     load = ms * args.batch_size / 1e3
-                    goal = np.mean(ahead) / (max(load, args.compute_time) + comm)
-                    print(f"{workers:>7} {scheme:>7} {ms:>9g} {load * 1e3:>8.1f} {np.mean(none) * 1e3:>9.1f}ms "
-                          f"{np.mean(ahead) * 1e3:>11.1f}ms {ratio.mean:>6.3f} [{ratio.low:.3f}, {ratio.high:.3f}]   "
-                          f"{np.mean([r['data_wait'] for r in got['auto']]) * 1e3:>8.2f}ms {goal:>9.3f}", flush=True)
+                    none = [r["step"] for r in got["0"]]
+                    for arm in arms[1:]:
+                        ahead = [r["step"] for r in got[arm]]
+                        ratio = interval([b / a for a, b in zip(none, ahead)])
+                        goal = np.mean(ahead) / (max(load, args.compute_time) + comm)
+                        wait = np.mean([r["data_wait"] for r in got[arm]]) * 1e3
+                        print(f"{workers:>7} {scheme:>7} {ms:>9g} {load * 1e3:>8.1f} {np.mean(none) * 1e3:>9.1f}ms "
+                              f"{np.mean(ahead) * 1e3:>9.1f}ms {arm:>4} {ratio.mean:>6.3f} [{ratio.low:.3f}, "
+                              f"{ratio.high:.3f}]   {wait:>8.2f}ms {goal:>9.3f}", flush=True)
 
 
 if __name__ == "__main__":

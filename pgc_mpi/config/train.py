@@ -46,9 +46,11 @@ MATRIX_ELEMENTS_LIMIT = 2**24
 
 
 LOG_LEVELS = ("debug", "info", "warning")
-# --loader-workers auto for a torch Dataset: two loader processes per worker hide a minibatch's
-# read behind a step (one loads the next job's minibatch while the other finishes a dropped or
-# the current one); more only help when one read takes longer than a step (docs/BENCHMARKS.md §27)
+# --loader-workers auto for a torch Dataset whose reads are slow enough (pgc_mpi.learning.minibatches:
+# WORTH_LOADING): two loader processes per worker hide a minibatch's read behind a step (one
+# loads the next job's minibatch while the other finishes a dropped or the current one, and two
+# reads at once halve a read longer than a step); more only help when one read takes longer than
+# two steps (docs/BENCHMARKS.md §27)
 AUTO_LOADERS = 2
 
 

@@ -59,8 +59,7 @@ def run_worker_rank(cfg: TrainConfig, comm, log, scheme, problem, header, wire: 
     servers = cfg.servers
     layout = Layout(header, problem.dim, wire.storage)
     minibatches = getattr(problem, "minibatches", None)  # a torch problem's (pgc_mpi.learning.minibatches)
-    loader = None if minibatches is None else minibatches.loader
-    settings = WorkerSettings.of(cfg, scheme, loads_ahead=loader is not None)
+    settings = WorkerSettings.of(cfg, scheme, loads_ahead=minibatches is not None and minibatches.loads_ahead)
     link = WorkerTransport(comm, layout, cfg.poll_interval, wire, shard_bounds(problem.dim, servers)
                            if servers > 1 else None, heartbeat=heartbeat_interval(cfg.lost_after))
     try:

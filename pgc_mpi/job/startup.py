@@ -54,7 +54,8 @@ def build_problem(cfg: TrainConfig, n: int, partitions: list[int], verify: bool 
                           f"({one_line(exc)}): use a smaller model or --batch-size, fewer ranks per GPU, or "
                           f"{flag} cpu") from None
     if partitions:  # a worker: a Dataset's minibatches read ahead (pgc_mpi.learning.minibatches)
-        problem.minibatches.start_loaders(cfg.loader_processes(problem.minibatches.lazy))
+        problem.minibatches.start_loaders(cfg.loader_processes(problem.minibatches.lazy),
+                                          when_slow=cfg.loader_workers == "auto")
     return with_sampling(problem, cfg.fixed_minibatch, cfg.accumulate)
 
 

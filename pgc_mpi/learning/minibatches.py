@@ -11,6 +11,8 @@ sends and waits. A minibatch comes out bit for bit the same either way.
 
 from __future__ import annotations
 
+import logging
+import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -22,6 +24,14 @@ from ..core.sampling import draw_seed, minibatch_positions
 from .prefetch import Prefetcher
 
 Tensors = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (x, y, pinned=False) -> tensors on the device
+# --loader-workers auto: the first TRIAL_READS minibatches are read in place, and loaders start only
+# where their median read took WORTH_LOADING seconds or more. Handing a loaded minibatch over costs
+# about 0.1 ms, but the loaders are processes beside the rank's: where reads are about free, 12
+# workers' 24 loaders sharing 2 cores made steps 9 % slower (docs/BENCHMARKS.md §27).
+TRIAL_READS = 8
+WORTH_LOADING = 0.002
+
+log = logging.getLogger("pgc_mpi")
 
 
 class Minibatches:
@@ -37,6 +47,8 @@ class Minibatches:
         # held rows: {partition: (x, y)} of every stored partition, read once (none for a lazy source)
         self.held = {} if self.lazy else {j: tensors(*source.read_train(partitions[j])) for j in stored}
         self.loader: Prefetcher | None = None
+        self.loaders = 0  # the loader processes to start (start_loaders)
+        self.trial: list[float] | None = None  # --loader-workers auto: the first reads' times, until decided
         self.data_wait = 0.0  # seconds spent getting minibatches since take_data_wait
 
     def get(self, partition: int, draw: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,7 +69,10 @@ class Minibatches:
             torch.set_rng_state(after)
             return self.tensors(x, y, pinned=True)
         finally:
-            self.data_wait += time.perf_counter() - began
+            took = time.perf_counter() - began
+            self.data_wait += took
+            if self.trial is not None:
+                self._tried(took)
 
     def _positions(self, partition: int, draw: int, rows: int) -> np.ndarray:
         return minibatch_positions(rows, self.batch_size, draw, self.seed, partition)
@@ -75,13 +90,35 @@ class Minibatches:
         x, y = self._read(partition, draw)
         return x, y, torch.get_rng_state()
 
-    def start_loaders(self, workers: int) -> bool:
-        """Load the expected minibatches ahead in `workers` processes. Only a lazy source has reads
-        to hide (held rows are sliced in memory): returns whether loaders were started."""
+    def start_loaders(self, workers: int, when_slow: bool = False) -> bool:
+        """Load the expected minibatches ahead in `workers` processes; `when_slow` (--loader-workers
+        auto): only once the first TRIAL_READS reads in place show that they take long enough to
+        be worth it. Only a lazy source has reads to hide (held rows are sliced in memory): returns
+        whether loaders were started, or may be."""
         if workers < 1 or not self.lazy or self.loader is not None:
             return False
-        self.loader = Prefetcher(self._load_ahead, workers)
+        self.loaders = workers
+        if when_slow:
+            self.trial = []
+        else:
+            self.loader = Prefetcher(self._load_ahead, workers)
         return True
+
+    @property
+    def loads_ahead(self) -> bool:
+        """Whether minibatches are loaded ahead, or may be once the trial reads decide."""
+        return self.loader is not None or self.trial is not None
+
+    def _tried(self, took: float) -> None:
+        self.trial.append(took)
+        if len(self.trial) < TRIAL_READS:
+            return
+        median, self.trial = statistics.median(self.trial), None
+        if median >= WORTH_LOADING:
+            self.loader = Prefetcher(self._load_ahead, self.loaders)
+        log.debug("a minibatch read took %.3g ms (median of %d): %s", 1e3 * median, TRIAL_READS,
+                  f"{self.loaders} loader processes read them ahead from now on" if self.loader is not None
+                  else f"read in place (loaders start at {1e3 * WORTH_LOADING:g} ms)")
 
     def expect(self, draws: Iterable[tuple[int, int]]) -> None:
         """The (partition, draw) minibatches needed next, in order: the loaders (if started) read

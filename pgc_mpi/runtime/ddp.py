@@ -207,7 +207,7 @@ class DdpWorker:
         self.opt = make_update(cfg, self.w, problem, recipe_objects)
         self.reporter = PeerReporter(peers.link, cfg.poll_interval)
         # with loaders (pgc_mpi.learning.minibatches): the steps ahead whose minibatches it names
-        self.ahead = cfg.prefetch if getattr(problem.minibatches, "loader", None) is not None else None
+        self.ahead = cfg.prefetch if problem.minibatches.loads_ahead else None
         barrier(peers.link, cfg.poll_interval)  # ready: see Monitor.run
 
     def run(self) -> int:

@@ -135,6 +135,27 @@ def test_the_data_wait_is_what_getting_the_minibatches_took():
     assert take_data_wait(held) > 0
 
 
+@pytest.mark.parametrize("worth,starts", [(None, True), (60.0, False)])
+def test_auto_starts_loaders_only_where_the_first_reads_are_slow(monkeypatch, worth, starts):
+    """--loader-workers auto: TRIAL_READS minibatches read in place; loaders start where their
+    median read took WORTH_LOADING or more (eight samples of at least 1 ms each: over the default
+    2 ms; not over a minute), and the gradients are the same bits either way."""
+    from pgc_mpi.learning import minibatches
+
+    assert minibatches.WORTH_LOADING == 0.002
+    if worth is not None:
+        monkeypatch.setattr(minibatches, "WORTH_LOADING", worth)
+    plan = [("expect", [(0, d)]) if k % 2 == 0 else ("compute", (0, d)) for d in range(minibatches.TRIAL_READS + 2)
+            for k in range(2)]
+    expected = _gradients(_problem(Shifted(sleep=0.001)), plan)
+    problem = torch_problem(make_model, Shifted(sleep=0.001), workers=3, batch_size=8, seed=5, dtype="float64")
+    assert problem.minibatches.start_loaders(2, when_slow=True) and problem.minibatches.loads_ahead
+    got = _gradients(problem, plan)
+    assert all(np.array_equal(g, e) for (_, g), (_, e) in zip(got, expected, strict=True))
+    assert (problem.minibatches.loader is not None) == starts and problem.minibatches.loads_ahead == starts
+    problem.minibatches.close()
+
+
 def test_a_prefetcher_loads_in_the_order_asked_and_gives_up_cleanly():
     loader = Prefetcher(lambda key: (key, os.getpid()), workers=2)
     loader.expect(["a", "b", "b", "c"])

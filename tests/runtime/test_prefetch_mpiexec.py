@@ -85,8 +85,7 @@ def _script_module(tmp_path):
 ABANDONING = {"abandon_late": True, "accumulate": 2, "compute_time": 0.05, "delay": "exp:0.1"}
 
 
-@pytest.mark.parametrize("scheme,options", [("pgc-cr", {}), ("gc-cr", {}), ("pgc-cr", ABANDONING)],
-                         ids=["pgc-cr", "gc-cr", "pgc-cr-abandoning"])
+@pytest.mark.parametrize("scheme,options", [("gc-cr", {}), ("pgc-cr", ABANDONING)], ids=["gc-cr", "pgc-cr-abandoning"])
 def test_a_run_with_loaders_equals_its_replay_without_them(tmp_path, scheme, options):
     """A 0.4 s straggler makes its worker skip steps (or, with --abandon-late, stragglers drop
     decided jobs): the minibatches loaded for the jobs it never computes are dropped, and it reads
