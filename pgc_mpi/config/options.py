@@ -149,8 +149,8 @@ _HELP = {
     "record_params": "also write params.npy with the parameters after every step (small models only)",
     "loader_workers": "processes per worker that read the minibatches of its next jobs ahead, while it computes, "
                       "sends and waits (a torch Dataset's reads; arrays and HDF5 rows are held in memory and need "
-                      "none); 0: each worker reads its own; auto: 2 for a Dataset whose reads take 2 ms or more (its first 8 "
-                      "are read in place to tell), 0 otherwise",
+                      "none); 0: each worker reads its own; auto: 2 for a Dataset whose reads take 2 ms or more "
+                      "(its first 8 are read in place to tell), 0 otherwise",
     "prefetch": "with loader processes, how many jobs ahead a worker's minibatches are loaded (the memory "
                 "held: this many jobs' minibatches and the current one's)",
     "compute_time": "emulate a cluster's compute: every partition gradient takes at least this many seconds (the "
