@@ -55,13 +55,13 @@ class Minibatches:
         """The minibatch's tensors, with torch's generator seeded for it already (by the caller,
         pgc_mpi.learning.torch_problem): a lazy source's read consumes it as its transforms draw,
         and a minibatch loaded ahead sets it to where that read would have left it. The time
-        this takes counts as data wait."""
+        a lazy source's minibatch takes counts as data wait (held rows' slicing is computation)."""
+        if not self.lazy:  # a slice of memory: part of the computation, not a wait for data
+            x, y = self.held[partition]
+            pos = torch.from_numpy(self._positions(partition, draw, len(y))).to(y.device)
+            return x[pos], y[pos]
         began = time.perf_counter()
         try:
-            if not self.lazy:
-                x, y = self.held[partition]
-                pos = torch.from_numpy(self._positions(partition, draw, len(y))).to(y.device)
-                return x[pos], y[pos]
             loaded = self.loader.take((partition, draw)) if self.loader is not None else None
             if loaded is None:
                 return self.tensors(*self._read(partition, draw))

@@ -132,7 +132,7 @@ def test_the_data_wait_is_what_getting_the_minibatches_took():
     held = torch_problem(make_model, (np.zeros((30, 8)), np.zeros(30, dtype=np.int64)), workers=3, batch_size=8)
     assert held.minibatches.start_loaders(2) is False  # arrays are held: a minibatch is a slice, nothing to load
     held.loss_and_grad(held.initial_params(), 0, 0)
-    assert take_data_wait(held) > 0
+    assert take_data_wait(held) == 0.0  # slicing held rows is computation, not a wait for data
 
 
 @pytest.mark.parametrize("worth,starts", [(None, True), (60.0, False)])
