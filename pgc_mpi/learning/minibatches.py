@@ -27,7 +27,7 @@ Tensors = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (x, y, pinned=Fals
 # --loader-workers auto: the first TRIAL_READS minibatches are read in place, and loaders start only
 # where their median read took WORTH_LOADING seconds or more. Handing a loaded minibatch over costs
 # about 0.1 ms, but the loaders are processes beside the rank's: where reads are about free, 12
-# workers' 24 loaders sharing 2 cores made steps 9 % slower (docs/BENCHMARKS.md §27).
+# workers' 24 loaders sharing 2 cores made steps 8-13 % slower (docs/BENCHMARKS.md §27).
 TRIAL_READS = 8
 WORTH_LOADING = 0.002
 
@@ -127,8 +127,8 @@ class Minibatches:
             self.loader.expect(draws)
 
     def take_data_wait(self) -> float:
-        """Seconds spent getting minibatches since the last call: reading or slicing them, or
-        waiting for a loader."""
+        """Seconds spent getting a lazy source's minibatches since the last call: reading them, or
+        waiting for a loader (held rows' slicing counts as computation)."""
         waited, self.data_wait = self.data_wait, 0.0
         return waited
 

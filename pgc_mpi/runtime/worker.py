@@ -157,9 +157,8 @@ class CodedWorker:
         slots = self.scheme.warmup_slots(self.worker, step)
         warmup = [(self.parts[k], self.scheme.draw_index(self.versions[k], k)) for k in slots]
         self.expect(step, self.scheme.fresh_slots(step, self.worker), before=warmup)
-        for k in slots:
-            draw = self.scheme.draw_index(self.versions[k], k)
-            self.buffers[k] = self.problem.loss_and_grad(self.link.model, self.parts[k], draw)[1]
+        for k, (part, draw) in zip(slots, warmup):
+            self.buffers[k] = self.problem.loss_and_grad(self.link.model, part, draw)[1]
         self.computed += len(slots)
         pad_compute(began, len(slots), self.settings.compute_time, self.link.stop_requested,
                     take_data_wait(self.problem))
@@ -188,10 +187,9 @@ class CodedWorker:
         compute unless this worker falls behind (its loaders then drop them)."""
         if self.settings.prefetch is None:
             return
-        draws = list(before or ())
-        for later in range(step, step + 1 + self.settings.prefetch):
-            slots = slots if later == step else self.scheme.fresh_slots(later, self.worker)
-            draws += [(self.parts[k], self.scheme.draw_index(later, k)) for k in slots]
+        jobs = [(step, slots)] + [(later, self.scheme.fresh_slots(later, self.worker))
+                                  for later in range(step + 1, step + 1 + self.settings.prefetch)]
+        draws = list(before or ()) + [(self.parts[k], self.scheme.draw_index(at, k)) for at, ks in jobs for k in ks]
         expect_draws(self.problem, draws)
 
     def compute(self, job: WorkerJob) -> tuple[list[float], tuple[float, float, float]]:
