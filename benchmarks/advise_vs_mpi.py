@@ -132,7 +132,7 @@ def situation(args: argparse.Namespace, name: str, delay: str, extra: tuple[str,
         verdict = f"NOT the measured fastest ({_name(fastest)}; difference {diff and _fmt(diff)} s)"
     if chosen != fastest:
         verdict += f"; measured {_fmt(_ratio(measured[chosen], measured[fastest]))} x the fastest's time"
-    flags = f" `{' '.join(extra)}`".replace(str(FACTORIES.parent) + "/", "") if extra else ""
+    flags = f" `{' '.join(extra)}`".replace(str(FACTORIES.parent), "benchmarks") if extra else ""
     rows = [f"\n**{name}** (`--delay {delay}`{flags}, a {args.probe_steps}-step probe): recommended "
             f"{_name(chosen)}: {verdict}\n",
             "| candidate | predicted (s) | measured (s) | predicted / measured | measured / fastest | advice |",
@@ -145,7 +145,7 @@ def situation(args: argparse.Namespace, name: str, delay: str, extra: tuple[str,
         ratio = f"{predicted.mean / m.mean:.3f}" if predicted.k and m.k else "-"
         mark = "recommended" if c["recommended"] else "tie" if c["tie"] else \
             "unsure" if c.get("verdict") == "unsure" else ""
-        mark += " (measured fastest)" if key == fastest else ""
+        mark = (mark + " (measured fastest)").strip() if key == fastest else mark
         against = _fmt(_ratio(measured[key], measured[fastest])) if key in measured else "not run"
         rows.append(f"| {_name(key)} | {_fmt(predicted)} | {_fmt(m)} | {ratio} | {against} | {mark} |")
     return rows

@@ -125,8 +125,8 @@ class MessageRecord(_RecordFields):
     rejected messages, ddp, and records written before it existed. data_wait is the part of
     compute_time the worker spent getting its minibatches: reading them, or waiting for the
     loaders that read them ahead (--loader-workers); a slow data pipeline shows here, a slow node
-    does not (0 for the NumPy problems, which hold their rows; nan in the simulator, for ddp and
-    in records written before it existed). --compute-time emulates the model's computation: the
+    does not (0 for the NumPy problems, which hold their rows; nan in the simulator and in records
+    written before it existed). --compute-time emulates the model's computation: the
     data wait comes on top of it, as a node's loading does."""
 
     __slots__ = ()

@@ -92,7 +92,8 @@ log = logging.getLogger("pgc_mpi")
 REPORT = np.dtype([("step", np.int64), ("loss", np.float64), ("delay", np.float64), ("compute_time", np.float64),
                    ("real_compute_time", np.float64), ("allreduce_time", np.float64), ("step_time", np.float64),
                    ("wall_time", np.float64), ("diverged", np.int64),
-                   ("lr", np.float64), ("grad_norm", np.float64), ("computed_share", np.float64)])
+                   ("lr", np.float64), ("grad_norm", np.float64), ("computed_share", np.float64),
+                   ("data_wait", np.float64)])
 # Connecting to the rendezvous store and forming the group: long enough for a busy cluster node.
 RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=300)
 
@@ -163,6 +164,7 @@ class _StepClock:
     real_compute_time: float = 0.0
     compute_time: float = 0.0
     slept: float = 0.0
+    data_wait: float = 0.0  # of the step: seconds of compute_time spent getting its minibatches
 
     def begin(self, step: int, threshold: float | None = None) -> WorkerJob:
         """The step's job begins now (`threshold`: --drop-compute's, None without)."""
@@ -174,7 +176,8 @@ class _StepClock:
         """The local gradient is complete: emulate the compute floor, then sleep the injected delay;
         of a job DropCompute cut to a share of its micro-batches, that share of both (the delay is
         slowness of the computation, as for dgd's workers: pgc_mpi.core.drop_compute)."""
-        self.compute_time, self.real_compute_time, self.slept = self.job.finish(self.waited())
+        self.data_wait = self.waited()
+        self.compute_time, self.real_compute_time, self.slept = self.job.finish(self.data_wait)
 
 
 def _delayed_allreduce(clock, bucket):  # no annotations: DDP checks them, and here they would be strings
@@ -255,7 +258,7 @@ class DdpWorker:
         report = np.zeros((), dtype=REPORT)
         report["lr"], report["grad_norm"] = update["lr"], update["grad_norm"]
         report["step"], report["loss"], report["delay"] = t, loss, clock.slept
-        report["computed_share"] = share
+        report["computed_share"], report["data_wait"] = share, clock.data_wait
         report["compute_time"], report["real_compute_time"] = clock.compute_time, clock.real_compute_time
         report["allreduce_time"] = averaged - clock.job.began - clock.compute_time - clock.slept
         report["step_time"] = time.perf_counter() - clock.job.began
@@ -372,7 +375,7 @@ class Monitor:
         for i, r in enumerate(self.reports):
             msg = Message(t, i, (t,), loss=float(r["loss"]), compute_time=float(r["compute_time"]),
                           delay=float(r["delay"]), gradients=1, real_compute_time=float(r["real_compute_time"]),
-                          computed_share=float(r["computed_share"]))
+                          computed_share=float(r["computed_share"]), data_wait=float(r["data_wait"]))
             collector.offer(msg, self._nothing)
         record = collector.record(collector.decode(), False)
         self.totals.steps = t + 1

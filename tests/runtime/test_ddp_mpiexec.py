@@ -89,6 +89,7 @@ def test_ddp_writes_the_outputs_of_every_scheme(sgd_pair):
         assert [(m.worker, m.step, m.gradients, m.verdict) for m in messages] == [(i, r["step"], 1, "used")
                                                                                     for i in range(4)]
         assert all(m.delay == 0 and m.compute_time > 0 for m in messages)
+        assert all(m.data_wait == 0.0 for m in messages)  # held rows: slicing them is computation
     assert [r["wall_time"] for r in steps] == sorted(r["wall_time"] for r in steps)
     assert steps[-1]["bytes_received"] == STEPS * 4 * 650 * 8  # 650 logreg parameters in float64
     assert [e["step"] for e in events_of(ddp, "eval")] == [4, 9, 11]

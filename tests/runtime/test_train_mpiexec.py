@@ -37,8 +37,9 @@ ROOT = Path(__file__).resolve().parents[2]
 ])
 def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s, straggler, fr_decode, correction):
     """float64: replaying the run's arrivals and buffer versions in the simulator reproduces the MPI
-    master's parameters at every step. With a random 1 s straggler (one job, both checks) a coded
-    scheme also does not wait for it: its median step stays well below the delay. With the paper's
+    master's parameters at every step. With a random 0.4 s straggler (one job, both checks) a coded
+    scheme also does not wait for it: its median step stays well below the delay (steps take
+    10-50 ms; a longer delay shows the same and only makes the run longer). With the paper's
     FR rule (--fr-decode n-s) every step waits for n - s arrivals, and config.json says so. With a
     staleness correction the workers weigh their buffers by age (catch-up refreshes included) as the
     simulator does."""
@@ -48,7 +49,7 @@ def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s, straggl
             "--lr", "0.5", "--seed", "3", "--record-params", "--eval-every", "100", "--fr-decode", fr_decode,
             "--staleness-correction", correction, "--out", str(out)]
     if straggler:
-        args += ["--delay", "random:1:1.0", "--grace", "5"]
+        args += ["--delay", "random:1:0.4", "--grace", "5"]
     proc = run_train(ranks, args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     n = ranks - 1
@@ -65,7 +66,7 @@ def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s, straggl
         assert all(p >= 0 for p in parts) and 0 < sum(parts) <= r["step_time"], r
     if straggler:
         median = np.median([r["step_time"] for r in steps_of(out)])
-        assert median < 0.5, median
+        assert median < 0.2, median
     if scheme.startswith("pgc-"):  # staleness stays within the window c - 1 = s by default
         assert all(r["max_staleness"] <= s for r in steps_of(out))
     if scheme.startswith("pgc-") and straggler:  # the straggler misses steps and catches up (--on-stale refresh)
