@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from pgc_mpi.runs.results import run_completed, summarize_run
-from pgc_mpi.runs.stats import Interval, interval
+from pgc_mpi.runs.stats import Interval, interval, paired_ratio
 
 FACTORIES = Path(__file__).resolve().parent / "advise_factories.py"
 RECIPE = ("--optimizer", f"{FACTORIES}:momentum_sgd", "--scheduler", f"{FACTORIES}:step_decay")
@@ -72,17 +73,17 @@ def advise(args: argparse.Namespace, probe: Path, out: Path) -> dict:
 Key = tuple[str, int | None, str]  # scheme, s, the candidate's option flags
 
 
+def _key(candidate: dict) -> Key:
+    """A pgc-advise --json candidate's key."""
+    return candidate["scheme"], candidate["s"], candidate.get("flags", "")
+
+
 def _name(key: Key) -> str:
     return " ".join(x for x in (key[0], "" if key[1] is None else f"s={key[1]}", key[2]) if x)
 
 
 def _fmt(i: Interval) -> str:
     return "-" if i.k == 0 else (f"{i.mean:.2f}" if i.k < 2 else f"{i.mean:.2f} [{i.low:.2f}, {i.high:.2f}]")
-
-
-def _ratio(times: list[float | None], base: list[float | None]) -> Interval:
-    """Time over `base`'s, paired by seed, over the seeds both reached."""
-    return interval([a / b for a, b in zip(times, base) if a is not None and b is not None])
 
 
 def chosen_to_run(candidates: list[dict], within: float) -> list[dict]:
@@ -97,17 +98,18 @@ def chosen_to_run(candidates: list[dict], within: float) -> list[dict]:
 
 
 def measure(args: argparse.Namespace, folder: Path, delay: str, extra: tuple[str, ...],
-            candidates: list[dict]) -> dict[Key, list[float | None]]:
-    """The candidates under mpiexec on every seed: their times to target (None: not reached)."""
-    measured: dict[Key, list[float | None]] = {}
+            candidates: list[dict]) -> dict[Key, list[float]]:
+    """The candidates under mpiexec on every seed: their times to target (nan: not reached)."""
+    measured: dict[Key, list[float]] = {}
     for c in candidates:
-        key = (c["scheme"], c["s"], c.get("flags", ""))
+        key = _key(c)
         slug = "".join(f"-{f.lstrip('-')}" for f in key[2].split())
         times = []
         for seed in args.seeds:
             run = train(args, folder / f"{c['scheme']}-s{c['s'] or 1}{slug}-seed{seed}", delay, c["scheme"],
                         c["s"] or 1, seed, args.max_steps, args.target_loss, (*extra, *key[2].split()))
-            times.append(summarize_run(run, args.target_loss).time_to_target)
+            took = summarize_run(run, args.target_loss).time_to_target
+            times.append(math.nan if took is None else took)
             print(f"{folder.name}: {_name(key)} seed {seed}: {times[-1]}", file=sys.stderr)
         measured[key] = times
     return measured
@@ -120,9 +122,9 @@ def situation(args: argparse.Namespace, name: str, delay: str, extra: tuple[str,
     probe = train(args, folder / f"probe{suffix}", delay, "dgd", 1, args.seeds[0], args.probe_steps, None, extra)
     answer = advise(args, probe, folder / f"advice{suffix}")
     measured = measure(args, folder, delay, extra, chosen_to_run(answer["candidates"], args.within))
-    reached = {k: v for k, v in measured.items() if all(t is not None for t in v)}
+    reached = {k: v for k, v in measured.items() if all(math.isfinite(t) for t in v)}
     fastest = min(reached, key=lambda k: sum(reached[k]))
-    chosen = next((c["scheme"], c["s"], c.get("flags", "")) for c in answer["candidates"] if c["recommended"])
+    chosen = next(_key(c) for c in answer["candidates"] if c["recommended"])
     diff = interval([a - b for a, b in zip(reached[chosen], reached[fastest])]) if chosen in reached else None
     if chosen == fastest:
         verdict = "the measured fastest"
@@ -131,22 +133,22 @@ def situation(args: argparse.Namespace, name: str, delay: str, extra: tuple[str,
     else:
         verdict = f"NOT the measured fastest ({_name(fastest)}; difference {diff and _fmt(diff)} s)"
     if chosen != fastest:
-        verdict += f"; measured {_fmt(_ratio(measured[chosen], measured[fastest]))} x the fastest's time"
+        verdict += f"; measured {_fmt(paired_ratio(measured[chosen], measured[fastest]))} x the fastest's time"
     flags = f" `{' '.join(extra)}`".replace(str(FACTORIES.parent), "benchmarks") if extra else ""
     rows = [f"\n**{name}** (`--delay {delay}`{flags}, a {args.probe_steps}-step probe): recommended "
             f"{_name(chosen)}: {verdict}\n",
             "| candidate | predicted (s) | measured (s) | predicted / measured | measured / fastest | advice |",
             "|---|---|---|---|---|---|"]
     for c in sorted(answer["candidates"], key=lambda c: c["time_to_target"] or float("inf")):
-        key = (c["scheme"], c["s"], c.get("flags", ""))
-        m = interval([t for t in measured.get(key, []) if t is not None])
+        key = _key(c)
+        m = interval(measured.get(key, []))
         predicted = Interval(c["time_to_target"], c["time_low"], c["time_high"], c["reached"]) \
             if c["time_to_target"] is not None else Interval(float("nan"), float("nan"), float("nan"), 0)
         ratio = f"{predicted.mean / m.mean:.3f}" if predicted.k and m.k else "-"
         mark = "recommended" if c["recommended"] else "tie" if c["tie"] else \
             "unsure" if c.get("verdict") == "unsure" else ""
         mark = (mark + " (measured fastest)").strip() if key == fastest else mark
-        against = _fmt(_ratio(measured[key], measured[fastest])) if key in measured else "not run"
+        against = _fmt(paired_ratio(measured[key], measured[fastest])) if key in measured else "not run"
         rows.append(f"| {_name(key)} | {_fmt(predicted)} | {_fmt(m)} | {ratio} | {against} | {mark} |")
     return rows
 
