@@ -19,19 +19,6 @@ def _with_mpi(config: pytest.Config) -> bool:
     return bool(config.getoption("--with-mpi", default=False))
 
 
-# The suite runs on two pytest-xdist workers (README: `-n 2 --dist loadgroup`), and these tests run on one of
-# them, one after another, because each holds something machine-wide: the Slurm clusters (single-node and
-# emulated multi-node, brought up by module fixtures; they share slurmd's ports and /dev/shm), and the
-# tests that leave a stale MPICH segment on purpose and expect pgc-train to find it.
-MACHINE_WIDE = ("tests/launch/", "tests/runtime/test_shm.py")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.relative_to(ROOT).as_posix().startswith(MACHINE_WIDE):
-            item.add_marker(pytest.mark.xdist_group("machine-wide"))
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     """A segment a killed MPI job left in /dev/shm hangs a later job in MPI_Init (pgc_mpi.job.shm)."""
     from pgc_mpi.job import shm

@@ -16,16 +16,10 @@ BIN = Path(sys.executable).parent
 MPIEXEC = str(BIN / "mpiexec")
 
 
-def mpi_env(timeout: int = 120, shm_cleanup: bool = False) -> dict[str, str]:
-    """Environment for an mpiexec from a test: hydra kills the job after `timeout` seconds.
-
-    pgc-train's automatic removal of stale MPICH segments is off unless `shm_cleanup`: tests run
-    two at a time, and a test that leaves a segment on purpose (tests/runtime/test_shm.py,
-    tests/launch) must be the one that sees it removed. Every run_mpi checks that its own job
-    left nothing, so no test relies on another's clean-up."""
+def mpi_env(timeout: int = 120) -> dict[str, str]:
+    """Environment for an mpiexec from a test: hydra kills the job after `timeout` seconds."""
     env = dict(os.environ)
     env["MPIEXEC_TIMEOUT"] = str(timeout)
-    env[shm.ENV_SWITCH] = "1" if shm_cleanup else "0"
     env["OMP_NUM_THREADS"] = "1"
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     return env
@@ -46,23 +40,21 @@ def leaked_segments(before: set[str]) -> set[str]:
     return {name for name in new if Path("/dev/shm") / name not in in_use}
 
 
-def run_train(ranks: int, args: list[str], timeout: int = 120, cwd: Path | None = None,
-              shm_cleanup: bool = False) -> subprocess.CompletedProcess:
+def run_train(ranks: int, args: list[str], timeout: int = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`mpiexec -n RANKS python -m pgc_mpi train ARGS`, bounded by MPIEXEC_TIMEOUT and a subprocess timeout.
 
     However the job ends (finished, stopped, aborted, a rank killed), it must not leave an MPICH
     start-up segment in /dev/shm: a leaked one hangs a later job in MPI_Init (pgc_mpi.job.shm).
     """
-    return run_mpi(ranks, ["-m", "pgc_mpi", "train", *args], timeout, cwd, shm_cleanup)
+    return run_mpi(ranks, ["-m", "pgc_mpi", "train", *args], timeout, cwd)
 
 
 def run_mpi(ranks: int, python_args: list[str], timeout: int = 120,
-            cwd: Path | None = None, shm_cleanup: bool = False) -> subprocess.CompletedProcess:
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`mpiexec -n RANKS python PYTHON_ARGS` (a module or a user's script), bounded as run_train's."""
     cmd = [MPIEXEC, "-n", str(ranks), sys.executable, *python_args]
     before = mpich_segments()
-    proc = subprocess.run(cmd, env=mpi_env(timeout, shm_cleanup), capture_output=True, text=True,
-                          timeout=timeout + 30, cwd=cwd)
+    proc = subprocess.run(cmd, env=mpi_env(timeout), capture_output=True, text=True, timeout=timeout + 30, cwd=cwd)
     leaked = leaked_segments(before)
     assert not leaked, f"the job left MPICH shared-memory segments behind: {sorted(leaked)}\n{proc.stderr[-2000:]}"
     return proc

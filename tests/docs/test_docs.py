@@ -167,8 +167,7 @@ def test_the_readme_is_a_front_door():
 def test_the_readme_first_pytest_line_is_the_test_command():
     """CI runs `grep -m1 '^python -m pytest' README.md` (.ci/run): that line must be the whole test command."""
     first = next(line for line in README.read_text().splitlines() if line.startswith("python -m pytest"))
-    assert first.startswith("python -m pytest -n 2 --dist loadgroup && "
-                            "MPIEXEC_TIMEOUT=600 mpiexec -n 2 python -m pytest --with-mpi -m mpi")
+    assert first.startswith("python -m pytest && MPIEXEC_TIMEOUT=600 mpiexec -n 2 python -m pytest --with-mpi -m mpi")
     assert "mpiexec -n 4 python -m pytest --with-mpi -m mpi" in first
     assert "grep -m1 '^python -m pytest' README.md" in (ROOT / ".ci" / "run").read_text()
 

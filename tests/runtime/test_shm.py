@@ -315,7 +315,7 @@ def test_pgc_train_removes_what_a_killed_mpi_job_left(tmp_path):
     left = {name for name in left if (Path("/dev/shm") / name).exists()}
     if not left:
         pytest.skip("another process on this machine removed the killed job's segment first")
-    proc = run_train(3, ["--steps", "3", "--eval-every", "3", "--out", str(tmp_path)], shm_cleanup=True)
+    proc = run_train(3, ["--steps", "3", "--eval-every", "3", "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "stale MPICH shared-memory segment" in proc.stderr
     assert not left & mpich_segments()
