@@ -14,13 +14,14 @@ ARGS = ["--steps", "40", "--checkpoint-every", "10", "--delay", "exp:0.05", "--e
 
 
 def test_a_reused_out_is_refused_and_overwrite_replaces_the_run(tmp_path):
-    assert run_train(4, ["--steps", "6", "--out", str(tmp_path)]).returncode == 0
+    logistic = ["--problem", "logistic"]  # the folder's rules, not the model's: no torch in the workers
+    assert run_train(4, [*logistic, "--steps", "6", "--out", str(tmp_path)]).returncode == 0
     before = (tmp_path / "metrics.jsonl").read_text()
-    proc = run_train(4, ["--steps", "4", "--seed", "2", "--out", str(tmp_path)])
+    proc = run_train(4, [*logistic, "--steps", "4", "--seed", "2", "--out", str(tmp_path)])
     assert proc.returncode == 2
     assert f"--out {tmp_path} already holds a run" in proc.stderr and "--overwrite" in proc.stderr
     assert (tmp_path / "metrics.jsonl").read_text() == before  # untouched
-    proc = run_train(4, ["--steps", "4", "--seed", "2", "--overwrite", "--out", str(tmp_path)])
+    proc = run_train(4, [*logistic, "--steps", "4", "--seed", "2", "--overwrite", "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [r["step"] for r in steps_of(tmp_path)] == [0, 1, 2, 3]
     assert len(events_of(tmp_path, "summary")) == 1

@@ -11,9 +11,7 @@ import pytest
 
 from pgc_mpi.core.message import MessageRecord
 from pgc_mpi.core.schemes import make_scheme
-from pgc_mpi.learning.datasets import load_digits
-from pgc_mpi.learning.problems import Accumulated
-from pgc_mpi.learning.torch_problem import TorchProblem
+from pgc_mpi.learning.problems import Accumulated, Logistic
 from pgc_mpi.sim.replaying import replay
 
 from helpers import events_of, run_train, steps_of
@@ -38,14 +36,14 @@ def test_abandoned_steps_leave_decoding_as_the_scheme_makes_it(tmp_path, scheme,
     out = tmp_path / "run"
     steps = 16
     proc = run_train(5, ["--scheme", scheme, "-s", "1", "--steps", str(steps), "--dtype", "float64",
-                         "--batch-size", "16", "--accumulate", "4", "--lr", "0.5", "--seed", "3", "--record-params",
-                         "--eval-every", "100",
+                         "--problem", "logistic", "--batch-size", "16", "--accumulate", "4", "--lr", "0.5",
+                         "--seed", "3", "--record-params", "--eval-every", "100",
                          "--compute-time", "0.05", "--delay", "exp:0.1", "--abandon-late", "--grace", "5",
                          "--max-staleness", bound, "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = steps_of(out)
     assert sum(r["abandoned"] for r in records) >= 3, [r["abandoned"] for r in records]
-    problem = Accumulated(TorchProblem("logreg", load_digits(3), 4, 16, seed=3, dtype="float64"), 4)
+    problem = Accumulated(Logistic(4, samples=1200, dim=20, batch_size=16, seed=3), 4)
     expected = replay(make_scheme(scheme, 4, 1, seed=3), problem, records, lr=0.5)
     got = np.load(out / "params.npy")
     assert got.shape == (steps + 1, problem.dim)

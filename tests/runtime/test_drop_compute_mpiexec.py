@@ -10,10 +10,17 @@ import pytest
 from pgc_mpi.config import SimConfig
 from pgc_mpi.core.drop_compute import AUTO_STEPS
 from pgc_mpi.learning.datasets import load_digits
+from pgc_mpi.learning.problems import Logistic
 from pgc_mpi.learning.torch_problem import TorchProblem
 from pgc_mpi.sim.simulator import simulate
 
 from helpers import run_train, steps_of
+
+
+def _numpy_unless_ddp(scheme: str) -> list[str]:
+    """dgd's workers on the NumPy logistic problem (no torch: a job starts in half the time);
+    ddp's workers are torch's own (torch.distributed), so ddp keeps the torch model."""
+    return [] if scheme == "ddp" else ["--problem", "logistic"]
 
 
 @pytest.mark.parametrize("scheme", ["dgd", "ddp"])
@@ -32,12 +39,13 @@ def test_a_slow_worker_sends_what_it_computed_by_the_threshold_as_the_simulator_
     proc = run_train(5, ["--scheme", scheme, "--steps", str(steps), "--lr", "0.5", "--momentum", "0",
                          "--batch-size", "8", "--accumulate", "4", "--delay", "fixed:0:0.15", "--compute-time", "0.05",
                          "--drop-compute", "0.07", "--seed", "3", "--dtype", "float64", "--record-params",
-                         "--eval-every", "100", "--out", str(out)])
+                         "--eval-every", "100", "--out", str(out), *_numpy_unless_ddp(scheme)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = steps_of(out)
     assert [r["computed_share"] for r in records] == [14 / 16] * steps
     assert np.median([r["step_time"] for r in records]) < 0.15
-    problem = TorchProblem("logreg", load_digits(3), 4, 8, seed=3, dtype="float64")
+    problem = (TorchProblem("logreg", load_digits(3), 4, 8, seed=3, dtype="float64") if scheme == "ddp" else
+               Logistic(4, samples=1200, dim=20, batch_size=8, seed=3))
     sim = simulate(SimConfig(workers=4, eval_every=steps, **common), problem, record_params=True)
     assert [r["computed_share"] for r in sim.records] == [14 / 16] * steps
     got = np.load(out / "params.npy")
@@ -55,7 +63,8 @@ def test_rank_0_chooses_the_threshold_and_the_workers_apply_it(tmp_path, scheme)
     steps = AUTO_STEPS + 9
     proc = run_train(5, ["--scheme", scheme, "--steps", str(steps), "--lr", "0.5", "--batch-size", "8",
                          "--accumulate", "4", "--delay", "fixed:0:0.15", "--compute-time", "0.05",
-                         "--drop-compute", "auto", "--seed", "3", "--eval-every", "100", "--out", str(out)])
+                         "--drop-compute", "auto", "--seed", "3", "--eval-every", "100", "--out", str(out),
+                         *_numpy_unless_ddp(scheme)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = steps_of(out)
     assert all("computed_share" not in r for r in records[:AUTO_STEPS + 1])

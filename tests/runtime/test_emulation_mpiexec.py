@@ -22,7 +22,7 @@ def test_every_gradient_takes_at_least_the_emulated_compute_time(tmp_path):
     for scheme in ("dgd", "gc-cr", "pgc-cr"):
         out = tmp_path / scheme
         proc = run_train(5, ["--scheme", scheme, "-s", "1", "--steps", "12", "--compute-time", "0.05",
-                             "--eval-every", "100", "--out", str(out)])
+                             "--problem", "logistic", "--eval-every", "100", "--out", str(out)])
         assert proc.returncode == 0, proc.stderr[-2000:]
         messages = [m for m in _messages(out) if m.verdict != "rejected"]
         assert all(m.compute_time >= 0.05 * m.gradients - 1e-3 for m in messages)

@@ -79,7 +79,8 @@ def test_up_to_s_hung_workers_do_not_stop_a_coded_run(tmp_path, ranks, s, steps,
     the step it hangs at}) are abandoned at the end and named, and none is used after it hung."""
     began = time.monotonic()
     delay = "+".join(f"hang:{worker}@{step}" for worker, step in hangs.items())
-    proc = run_train(ranks, ["--scheme", "pgc-cr", "-s", str(s), "--steps", str(steps), "--delay", delay,
+    proc = run_train(ranks, ["--scheme", "pgc-cr", "-s", str(s), "--steps", str(steps), "--delay", delay, "--problem",
+                             "logistic",
                              "--grace", "3", "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert time.monotonic() - began < 90
@@ -94,20 +95,21 @@ def test_up_to_s_hung_workers_do_not_stop_a_coded_run(tmp_path, ranks, s, steps,
 @pytest.mark.parametrize("fault", ["nan", "inf", "badsize"])
 def test_garbage_from_a_worker_never_enters_the_model(tmp_path, fault):
     proc = run_train(5, ["--scheme", "pgc-cr", "-s", "1", "--steps", "20", "--fault", f"{fault}:2@4",
-                         "--out", str(tmp_path)])
+                         "--problem", "logistic", "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     steps = steps_of(tmp_path)
     assert all(2 not in r["used"] for r in steps[4:])
     assert sum(MessageRecord._make(m).verdict == "rejected" for r in steps for m in r["messages"]) >= 10
     summary = events_of(tmp_path, "summary")[0]
-    assert summary["rejected_messages"] >= 10 and np.isfinite(summary["final_test_loss"])
+    assert summary["rejected_messages"] >= 10 and np.isfinite(summary["final_val_loss"])
     reason = "NaN or Inf" if fault != "badsize" else "bytes, expected"
     assert "rejected a message from worker 2 (rank 3): " in proc.stderr and reason in proc.stderr
 
 
 def test_more_faulty_workers_than_s_fall_to_the_deadline_policy(tmp_path):
     proc = run_train(5, ["--scheme", "pgc-cr", "-s", "1", "--steps", "20", "--fault", "nan:1@3+nan:2@3",
-                         "--deadline", "1", "--on-deadline", "fail", "--out", str(tmp_path)], timeout=90)
+                         "--problem", "logistic", "--deadline", "1", "--on-deadline", "fail", "--out", str(tmp_path)],
+                     timeout=90)
     assert proc.returncode != 0
     assert "could not decode by the deadline" in proc.stderr
 

@@ -43,7 +43,8 @@ def test_divergence_stops_with_a_clear_message_and_keeps_the_last_finite_checkpo
 
 def test_more_faulty_workers_than_s_are_named_the_moment_it_happens(tmp_path):
     proc = run_train(5, ["--scheme", "pgc-cr", "-s", "1", "--steps", "10", "--fault", "nan:1@2+nan:2@2",
-                         "--deadline", "1", "--on-deadline", "partial", "--out", str(tmp_path)], timeout=90)
+                         "--problem", "logistic", "--deadline", "1", "--on-deadline", "partial",
+                         "--out", str(tmp_path)], timeout=90)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "step 2: messages of 2 workers [1, 2] were rejected, more than s = 1" in proc.stderr
     steps = steps_of(tmp_path)
@@ -53,7 +54,8 @@ def test_more_faulty_workers_than_s_are_named_the_moment_it_happens(tmp_path):
 
 
 def test_pbs_with_a_nan_worker_counts_warnings_and_never_skips_a_negative_number(tmp_path):
-    proc = run_train(5, ["--scheme", "pbs", "--steps", "30", "--fault", "nan:1@0", "--out", str(tmp_path)],
+    proc = run_train(5, ["--scheme", "pbs", "--steps", "30", "--fault", "nan:1@0", "--problem", "logistic",
+                         "--out", str(tmp_path)],
                      timeout=90)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.count("rejected a message from worker 1") == 2  # the first, and the count at the end

@@ -17,7 +17,7 @@ def test_a_computation_longer_than_lost_after_is_not_a_loss(tmp_path):
     run would end at step 0 with exit 5 (workers lost). The heartbeats keep the workers alive."""
     out = tmp_path / "run"
     proc = run_train(4, ["--scheme", "dgd", "--compute-time", "1.5", "--lost-after", "0.5", "--steps", "2",
-                         "--eval-every", "1000", "--out", str(out)], timeout=60)
+                         "--problem", "logistic", "--eval-every", "1000", "--out", str(out)], timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [r["step"] for r in steps_of(out)] == [0, 1]
     assert min(r["step_time"] for r in steps_of(out)) > 1.4  # the computation did take longer than lost_after
@@ -50,7 +50,8 @@ def test_frozen_workers_are_lost_then_back_and_the_run_completes(tmp_path):
     events, and every step done (before, the first stayed lost and the second freeze ended the run)."""
     out = tmp_path / "run"
     job = start_train(5, ["--scheme", "pgc-cr", "-s", "1", "--lost-after", "1", "--compute-time", "0.02",
-                          "--delay", "exp:0.02", "--steps", "220", "--eval-every", "1000", "--seed", "3"], out)
+                          "--delay", "exp:0.02", "--steps", "220", "--eval-every", "1000", "--seed", "3",
+                          "--problem", "logistic"], out)
     try:
         pids = _worker_pids(out)
         _freeze(pids[1], 2.5)
