@@ -372,7 +372,7 @@ def test_a_node_that_drops_off_the_network_is_handled_like_hung_workers(cluster,
     job = _running(env, tmp_path, ["--time=6", "-N", "3", "--ntasks-per-node=2", "-o", str(log),
                                    str(SLURM_DIR / "train.sbatch"), "--scheme", "gc-cr", "-s", "2", "--steps", "300",
                                    "--compute-time", "0.05", "--checkpoint-every", "20", "--grace", "3",
-                                   "--eval-every", "50", "--out", str(run)], log, run)
+                                   "--eval-every", "50", "--problem", "logistic", "--out", str(run)], log, run)
     try:
         assert _hosts(run) == ["node1", "node2", "node2", "node3", "node3"]
         _link(env, 3, "down")

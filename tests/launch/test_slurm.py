@@ -110,7 +110,7 @@ def test_training_job_survives_dying_workers(slurm, tmp_path, launcher):
     out = tmp_path / "run"
     env = {**slurm, "PGC_LAUNCHER": launcher, "PGC_OUT": str(out),
            "PGC_ARGS": "--scheme pgc-cr -s 1 --steps 40 --eval-every 10 --checkpoint-every 5 --compute-time 0.1 "
-                       "--fault kill:0@10+die:1@20 --lost-after 2"}
+                       "--fault kill:0@10+die:1@20 --lost-after 2 --problem logistic"}
     proc = _sbatch(env, tmp_path, "--wait", "-n", "5", "--time=10", "--export=ALL", str(SLURM_DIR / "train.sbatch"))
     logs = "".join(p.read_text() for p in tmp_path.glob("pgc-train-*.out"))
     assert proc.returncode == 0, proc.stderr + logs
@@ -170,7 +170,7 @@ def test_sweep_array_and_gather(slurm, tmp_path):
 @pytest.mark.timeout(600)  # longer than its own 300 s wait, so a stuck job is described, not cut off
 def test_stop_signal_through_slurm_keeps_the_metrics(slurm, tmp_path):
     env = {**slurm, "PGC_OUT": str(tmp_path / "run"), "PGC_REQUEUE": "0",
-           "PGC_ARGS": "--steps 1000000 --delay exp:0.01 --eval-every 100"}
+           "PGC_ARGS": "--steps 1000000 --delay exp:0.01 --eval-every 100 --problem logistic"}
     proc = _sbatch(env, tmp_path, "--parsable", "-n", "4", "--time=10", "--export=ALL", str(SLURM_DIR / "train.sbatch"))
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip().split(";")[0]
@@ -217,7 +217,7 @@ def test_a_segment_left_by_a_killed_job_does_not_hang_the_next_one(slurm, tmp_pa
     stale.rename(trap)
     os.utime(trap, (time.time() - 60, time.time() - 60))
     env = {**slurm, "PGC_LAUNCHER": "srun", "PGC_OUT": str(tmp_path / "run"),
-           "PGC_ARGS": "--scheme pgc-cr -s 1 --steps 10 --eval-every 10"}
+           "PGC_ARGS": "--scheme pgc-cr -s 1 --steps 10 --eval-every 10 --problem logistic"}
     proc = _sbatch(env, tmp_path, "--wait", "--parsable", "-n", "4", "--time=3", "--export=ALL",
                    str(SLURM_DIR / "train.sbatch"), timeout=300)
     logs = "".join(p.read_text() for p in tmp_path.glob("pgc-train-*.out"))
