@@ -169,6 +169,11 @@ def test_the_readme_first_pytest_line_is_the_test_command():
     first = next(line for line in README.read_text().splitlines() if line.startswith("python -m pytest"))
     assert first.startswith("python -m pytest && MPIEXEC_TIMEOUT=600 mpiexec -n 2 python -m pytest --with-mpi -m mpi")
     assert "mpiexec -n 4 python -m pytest --with-mpi -m mpi" in first
+    # the multi-rank runs name the files that hold mpi-marked tests (collecting the whole suite on
+    # every rank of three runs cost about 20 s): every such file must be named
+    marked = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")
+                    if re.search(r"^(pytestmark = |@)pytest\.mark\.mpi\b", p.read_text(), re.MULTILINE))
+    assert marked and all(first.count(f"-m mpi {name}") == 3 for name in marked), marked
     assert "grep -m1 '^python -m pytest' README.md" in (ROOT / ".ci" / "run").read_text()
 
 
