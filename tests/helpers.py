@@ -40,6 +40,15 @@ def leaked_segments(before: set[str]) -> set[str]:
     return {name for name in new if Path("/dev/shm") / name not in in_use}
 
 
+def run_logistic(workers: int, batch_size: int, seed: int):
+    """The problem `pgc-train --problem logistic` builds on `workers` workers with the default
+    --samples and --dim (what a test replays such a run on)."""
+    from pgc_mpi.config import SYNTHETIC_DEFAULTS
+    from pgc_mpi.learning.problems import Logistic
+
+    return Logistic(workers, **SYNTHETIC_DEFAULTS, batch_size=batch_size, seed=seed)
+
+
 def run_train(ranks: int, args: list[str], timeout: int = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`mpiexec -n RANKS python -m pgc_mpi train ARGS`, bounded by MPIEXEC_TIMEOUT and a subprocess timeout.
 

@@ -11,10 +11,10 @@ import pytest
 
 from pgc_mpi.core.message import MessageRecord
 from pgc_mpi.core.schemes import make_scheme
-from pgc_mpi.learning.problems import Accumulated, Logistic
+from pgc_mpi.learning.problems import Accumulated
 from pgc_mpi.sim.replaying import replay
 
-from helpers import events_of, run_train, steps_of
+from helpers import events_of, run_logistic, run_train, steps_of
 
 
 def _messages(out, worker: int | None = None) -> list[MessageRecord]:
@@ -43,7 +43,7 @@ def test_abandoned_steps_leave_decoding_as_the_scheme_makes_it(tmp_path, scheme,
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = steps_of(out)
     assert sum(r["abandoned"] for r in records) >= 3, [r["abandoned"] for r in records]
-    problem = Accumulated(Logistic(4, samples=1200, dim=20, batch_size=16, seed=3), 4)
+    problem = Accumulated(run_logistic(4, batch_size=16, seed=3), 4)
     expected = replay(make_scheme(scheme, 4, 1, seed=3), problem, records, lr=0.5)
     got = np.load(out / "params.npy")
     assert got.shape == (steps + 1, problem.dim)

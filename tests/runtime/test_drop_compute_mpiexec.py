@@ -10,11 +10,10 @@ import pytest
 from pgc_mpi.config import SimConfig
 from pgc_mpi.core.drop_compute import AUTO_STEPS
 from pgc_mpi.learning.datasets import load_digits
-from pgc_mpi.learning.problems import Logistic
 from pgc_mpi.learning.torch_problem import TorchProblem
 from pgc_mpi.sim.simulator import simulate
 
-from helpers import run_train, steps_of
+from helpers import run_logistic, run_train, steps_of
 
 
 def _numpy_unless_ddp(scheme: str) -> list[str]:
@@ -45,7 +44,7 @@ def test_a_slow_worker_sends_what_it_computed_by_the_threshold_as_the_simulator_
     assert [r["computed_share"] for r in records] == [14 / 16] * steps
     assert np.median([r["step_time"] for r in records]) < 0.15
     problem = (TorchProblem("logreg", load_digits(3), 4, 8, seed=3, dtype="float64") if scheme == "ddp" else
-               Logistic(4, samples=1200, dim=20, batch_size=8, seed=3))
+               run_logistic(4, batch_size=8, seed=3))
     sim = simulate(SimConfig(workers=4, eval_every=steps, **common), problem, record_params=True)
     assert [r["computed_share"] for r in sim.records] == [14 / 16] * steps
     got = np.load(out / "params.npy")

@@ -79,9 +79,8 @@ def test_up_to_s_hung_workers_do_not_stop_a_coded_run(tmp_path, ranks, s, steps,
     the step it hangs at}) are abandoned at the end and named, and none is used after it hung."""
     began = time.monotonic()
     delay = "+".join(f"hang:{worker}@{step}" for worker, step in hangs.items())
-    proc = run_train(ranks, ["--scheme", "pgc-cr", "-s", str(s), "--steps", str(steps), "--delay", delay, "--problem",
-                             "logistic",
-                             "--grace", "3", "--out", str(tmp_path)])
+    proc = run_train(ranks, ["--scheme", "pgc-cr", "-s", str(s), "--steps", str(steps), "--delay", delay,
+                             "--problem", "logistic", "--grace", "3", "--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert time.monotonic() - began < 90
     assert events_of(tmp_path, "summary")[0]["steps"] == steps

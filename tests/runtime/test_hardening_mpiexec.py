@@ -55,8 +55,7 @@ def test_more_faulty_workers_than_s_are_named_the_moment_it_happens(tmp_path):
 
 def test_pbs_with_a_nan_worker_counts_warnings_and_never_skips_a_negative_number(tmp_path):
     proc = run_train(5, ["--scheme", "pbs", "--steps", "30", "--fault", "nan:1@0", "--problem", "logistic",
-                         "--out", str(tmp_path)],
-                     timeout=90)
+                         "--out", str(tmp_path)], timeout=90)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.count("rejected a message from worker 1") == 2  # the first, and the count at the end
     summary = events_of(tmp_path, "summary")[-1]

@@ -18,12 +18,11 @@ import pytest
 from pgc_mpi.core.message import GRADIENT_FIELDS
 from pgc_mpi.core.schemes import make_scheme
 from pgc_mpi.learning.datasets import load_digits
-from pgc_mpi.learning.problems import Logistic
 from pgc_mpi.learning.torch_problem import TorchProblem
 from pgc_mpi.runs.metrics import MASTER_PARTS
 from pgc_mpi.sim.replaying import replay
 
-from helpers import events_of, mpi_env, run_train, steps_of
+from helpers import events_of, mpi_env, run_logistic, run_train, steps_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +57,7 @@ def test_mpi_trajectory_equals_the_simulator(tmp_path, scheme, ranks, s, straggl
     proc = run_train(ranks, args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     n = ranks - 1
-    model = (Logistic(n, samples=1200, dim=20, batch_size=16, seed=3) if problem == "logistic" else
+    model = (run_logistic(n, batch_size=16, seed=3) if problem == "logistic" else
              TorchProblem("logreg", load_digits(3), n, 16, seed=3, dtype="float64"))
     expected = replay(make_scheme(scheme, n, s, seed=3, fr_decode=fr_decode, staleness_correction=correction),
                       model, steps_of(out), lr=0.5)
