@@ -189,6 +189,12 @@ class CodedScheme(Scheme):
         fresh = self.fresh_slots(step, worker)
         return tuple(k for k, v in enumerate(versions) if k not in fresh and staleness(step, v, first) > bound)
 
+    def job_slots(self, worker: int, step: int, versions: Sequence[int], bound: int | None,
+                  first: int = 0) -> tuple[int, ...]:
+        """The slots a job at `step` computes: the catch-up ones first (refresh_slots), then the
+        step's fresh ones."""
+        return (*self.refresh_slots(worker, step, versions, bound, first), *self.fresh_slots(step, worker))
+
     def warmup_slots(self, worker: int, step: int = 0) -> tuple[int, ...]:
         """Slots a pipelined worker computes at its first model, of step `step` (0, or the step a
         resumed run starts at), before that step's own fresh slot; none for other schemes."""

@@ -13,6 +13,7 @@ from typing import NoReturn
 import numpy as np
 
 from ..config import TrainConfig
+from ..core.faults import parse_faults
 from ..core.message import Layout
 from ..core.shards import shard_bounds
 from ..core.stragglers import DelayModel
@@ -63,8 +64,10 @@ def run_worker_rank(cfg: TrainConfig, comm, log, scheme, problem, header, wire: 
     link = WorkerTransport(comm, layout, cfg.poll_interval, wire, shard_bounds(problem.dim, servers)
                            if servers > 1 else None, heartbeat=heartbeat_interval(cfg.lost_after))
     try:
+        # a resumed start drops the faults that name a worker it lacks
+        faults = tuple(parse_faults(cfg.fault, scheme.n, elastic=cfg.resume is not None))
         computed = run_worker(comm.Get_rank() - servers, scheme, problem, link,
-                              DelayModel(cfg.delay, n, seed=cfg.seed), settings)
+                              DelayModel(cfg.delay, n, seed=cfg.seed), settings, faults)
     finally:
         if minibatches is not None:
             minibatches.close()

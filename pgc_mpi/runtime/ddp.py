@@ -70,7 +70,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..config import TrainConfig
 from ..core.collector import make_collector
-from ..core.jobs import Job
 from ..core.message import Message
 from ..core.schemes import CodedScheme, make_scheme
 from ..core.stragglers import DelayModel
@@ -81,10 +80,10 @@ from ..learning.problems import expect_draws, take_data_wait
 from ..learning.torch_problem import TorchProblem
 from ..runs.metrics import MetricsWriter, Progress, master_times
 from .control import ControlSettings
-from .drop_threshold import threshold_chooser, threshold_watch
+from .drop_threshold import threshold_chooser
 from .links import PeerInbox, PeerReporter
 from .transport import barrier, duplicate_world
-from .worker_job import WorkerJob
+from .worker_job import JobSettings, WorkerJob, WorkerJobs
 
 log = logging.getLogger("pgc_mpi")
 
@@ -155,10 +154,7 @@ class _StepClock:
     emulated compute floor and delay, DropCompute's stop), how long the local gradient took
     (`real_compute_time`; `compute_time` with --compute-time's floor) and the delay slept."""
 
-    worker: int
-    delays: DelayModel
-    floor: float | None  # --compute-time: the least a partition gradient takes (None: as long as it takes)
-    micro_batches: int = 1
+    jobs: WorkerJobs
     waited: Callable[[], float] = float  # the seconds spent getting the step's minibatches (float(): 0.0)
     job: WorkerJob | None = None
     real_compute_time: float = 0.0
@@ -166,10 +162,9 @@ class _StepClock:
     slept: float = 0.0
     data_wait: float = 0.0  # of the step: seconds of compute_time spent getting its minibatches
 
-    def begin(self, step: int, threshold: float | None = None) -> WorkerJob:
-        """The step's job begins now (`threshold`: --drop-compute's, None without)."""
-        self.job = WorkerJob(Job(self.worker, step, (0,), time.perf_counter(), self.delays.delay(self.worker, step),
-                                 self.floor, self.micro_batches, threshold=threshold))
+    def begin(self, step: int) -> WorkerJob:
+        """The step's job begins now (with DropCompute's threshold of the moment)."""
+        self.job = self.jobs.start_job(step, (0,))
         return self.job
 
     def gradient_ready(self) -> None:
@@ -199,12 +194,13 @@ class DdpWorker:
         self.worker = peers.link.Get_rank() - 1
         self.partition = scheme.placement[self.worker][0]
         self.micro_batches = cfg.accumulate
-        self.thresholds = threshold_watch(peers.link, cfg.drop_compute)  # --drop-compute: fixed, or rank 0's
         problem.module.train()
         # running statistics (batch norm) stay local, as the parameter server's workers' do: rank 0
         # recalibrates them before evaluating (pgc_mpi.learning.torch_problem)
         self.model = DistributedDataParallel(problem.module, forward_sync_buffers=False)
-        self.clock = _StepClock(self.worker, delays, cfg.compute_time, cfg.accumulate, lambda: take_data_wait(problem))
+        # --drop-compute's threshold: fixed, or rank 0's (on the peers' communicator)
+        jobs = WorkerJobs(JobSettings.of(cfg), self.worker, delays, peers.link)
+        self.clock = _StepClock(jobs, lambda: take_data_wait(problem))
         self.model.register_comm_hook(self.clock, _delayed_allreduce)
         self.w = problem.flat.values  # the module's parameters: the optimizer updates them in place
         self.opt = make_update(cfg, self.w, problem, recipe_objects)
@@ -232,15 +228,14 @@ class DdpWorker:
                 if stop:
                     break
         self.reporter.flush()
-        if self.thresholds is not None:
-            self.thresholds.threshold()  # received, if it came after the last step
+        self.clock.jobs.close()  # the threshold received, if it came after the last step
         dist.destroy_process_group()
         return steps
 
     def _step(self, t: int) -> np.ndarray:
         """One DDP step: forward, backward (delay and allreduce in the hook), optimizer step."""
         problem, clock = self.problem, self.clock
-        clock.begin(t, self.thresholds.threshold() if self.thresholds is not None else None)
+        clock.begin(t)
         if self.ahead is not None:  # every step is known in advance: the loaders are never wrong
             draws = range(t, t + 1 + self.ahead)
             expect_draws(problem, [(self.partition, self.scheme.draw_index(m, 0)) for m in draws])

@@ -13,18 +13,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.abandon import drop_costs_a_gradient
-from ..core.faults import Fault, active, for_start, parse_faults
-from ..core.jobs import Job
+from ..core.faults import Fault, active, for_start
 from ..core.message import Message
 from ..core.schemes import CodedScheme, PbsScheme
 from ..core.stragglers import DelayModel
 from ..core.wire import FLOAT16_MAX
 from ..errors import PgcError
 from ..learning.problems import Accumulated, Problem, expect_draws, take_data_wait
-from .abandon import Abandoned, DecidedWatch
-from .drop_threshold import threshold_watch
+from .abandon import Abandoned
 from .transport import WorkerTransport
-from .worker_job import WorkerJob, pad_compute
+from .worker_job import JobSettings, WorkerJob, WorkerJobs
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -34,29 +32,27 @@ log = logging.getLogger("pgc_mpi")
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """What a worker does besides computing: injected faults, the catch-up of over-stale buffers
+    """What a worker does besides computing: the catch-up of over-stale buffers
     (`refresh_over`: the staleness over which a pipelined worker recomputes a buffer before it
-    sends, --on-stale refresh; None: never), emulated compute (`compute_time`: every
-    partition gradient takes at least this many seconds, --compute-time; None: as long as it takes)
-    and --abandon-late (`abandon_late`, with the check points of `micro_batches` per gradient;
-    `max_staleness`, the staleness bound, says where dropping a pipelined job costs a gradient)."""
+    sends, --on-stale refresh; None: never), `max_staleness` (the staleness bound: where dropping
+    a pipelined job costs a gradient), --prefetch and how its jobs run (pgc_mpi.runtime.worker_job)."""
 
-    faults: tuple[Fault, ...] = ()
     refresh_over: int | None = None
-    compute_time: float | None = None
-    micro_batches: int = 1  # --accumulate: the micro-batches of a partition gradient (its check points)
-    abandon_late: bool = False  # drop a decided job at a check point (pgc_mpi.runtime.abandon)
-    drop_compute: float | str | None = None  # DropCompute's threshold in seconds, or auto (core.drop_compute)
     max_staleness: int | None = None  # --max-staleness in steps (None: no bound)
     prefetch: int | None = None  # --prefetch: the jobs ahead whose minibatches are named (None: no loaders)
+    jobs: JobSettings = JobSettings()
 
     @classmethod
     def of(cls, cfg: TrainConfig, scheme: CodedScheme | PbsScheme, loads_ahead: bool = False) -> WorkerSettings:
-        """A run's worker settings (a resumed start drops faults that name a worker it lacks);
-        `loads_ahead`: the worker's problem has loaders (pgc_mpi.learning.minibatches)."""
-        return cls(tuple(parse_faults(cfg.fault, scheme.n, elastic=cfg.resume is not None)), cfg.refresh_over(scheme),
-                   cfg.compute_time, cfg.accumulate, cfg.abandons_late(), cfg.drop_compute,
-                   cfg.staleness_bound(scheme), cfg.prefetch if loads_ahead else None)
+        """A run's worker settings; `loads_ahead`: the worker's problem has loaders
+        (pgc_mpi.learning.minibatches)."""
+        return cls(cfg.refresh_over(scheme), cfg.staleness_bound(scheme), cfg.prefetch if loads_ahead else None,
+                   JobSettings.of(cfg))
+
+
+def _jobs(worker: int, link: WorkerTransport, delays: DelayModel, settings: JobSettings) -> WorkerJobs:
+    """The worker's jobs, told of by every server over the link's communicator."""
+    return WorkerJobs(settings, worker, delays, link.comm, len(link.shards), link.stop_requested, link.fall_silent)
 
 
 def _compute(problem: Problem, w: np.ndarray, part: int, draw: int, job: WorkerJob) -> tuple[float, np.ndarray]:
@@ -105,19 +101,20 @@ def _one_step(link: WorkerTransport, version: int | None) -> int | None:
 
 
 def run_worker(worker: int, scheme: CodedScheme | PbsScheme, problem: Problem, link: WorkerTransport,
-               delays: DelayModel, settings: WorkerSettings | None = None) -> int:
-    """Serve the master until it says stop; returns how many gradients were computed."""
+               delays: DelayModel, settings: WorkerSettings | None = None, faults: tuple[Fault, ...] = ()) -> int:
+    """Serve the master until it says stop; returns how many gradients were computed. `faults`:
+    those injected into this run (pgc_mpi.core.faults), whatever worker they name."""
     settings = settings or WorkerSettings()
     if isinstance(scheme, PbsScheme):
-        return _run_table_worker(worker, scheme, problem, link, delays, settings)
-    coded = CodedWorker(worker, scheme, problem, link, delays, settings)
+        return _run_table_worker(worker, scheme, problem, link, delays, settings, faults)
+    coded = CodedWorker(worker, scheme, problem, link, delays, settings, faults)
     step = coded.start()
     while step is not None:
         job = coded.plan(step)
         try:
             losses, (took, real, slept) = coded.compute(job)
         except Abandoned:  # nothing of the job is kept or sent: the master answers with the newest model
-            coded.watch.answer(step)
+            coded.jobs.dropped(step)
         else:
             coded.send(job, losses, took, real, slept)
         step = link.next_model()
@@ -131,9 +128,10 @@ class CodedWorker:
     coded combination (pgc_mpi.core.schemes: which slots, which coefficients)."""
 
     def __init__(self, worker: int, scheme: CodedScheme, problem: Problem, link: WorkerTransport,
-                 delays: DelayModel, settings: WorkerSettings):
+                 delays: DelayModel, settings: WorkerSettings, faults: tuple[Fault, ...] = ()):
+        self.injected = faults
         self.worker, self.scheme, self.problem, self.link = worker, scheme, problem, link
-        self.delays, self.settings = delays, settings
+        self.settings, self.jobs = settings, _jobs(worker, link, delays, settings.jobs)
         self.parts = scheme.placement[worker]
         dtype = link.model.dtype  # the run's: gradients are computed and combined in it, then put on the wire
         # the coefficients of a message depend on the step only through its place in the rotation
@@ -142,14 +140,12 @@ class CodedWorker:
         self.versions: list[int] = []
         self.computed = 0
         self.data_wait = 0.0  # of the job just computed: seconds spent getting its minibatches
-        self.watch = DecidedWatch(link.comm, len(link.shards)) if settings.abandon_late else None
-        self.thresholds = threshold_watch(link.comm, settings.drop_compute)
 
     def start(self) -> int | None:
         """The first model's step (None: stop at once), after the pipeline's stale buffers are
         computed at it: step 0, or the step a resumed run starts at."""
         step = self.first = self.link.next_model()
-        self.faults = for_start(self.settings.faults, step or 0)
+        self.faults = for_start(self.injected, step or 0)
         if step is None:
             return None
         self.versions = self.scheme.warmup_versions(step)
@@ -160,26 +156,20 @@ class CodedWorker:
         for k, (part, draw) in zip(slots, warmup):
             self.buffers[k] = self.problem.loss_and_grad(self.link.model, part, draw)[1]
         self.computed += len(slots)
-        pad_compute(began, len(slots), self.settings.compute_time, self.link.stop_requested,
-                    take_data_wait(self.problem))
+        self.jobs.warm_up(began, len(slots), take_data_wait(self.problem))
         return step
 
     def plan(self, step: int) -> WorkerJob:
-        """The job for `step`: its slots (catch-up ones first), its delay, whether it may be
-        abandoned (never a worker's first job of a start: pgc_mpi.core.abandon) and at what cost,
-        and DropCompute's threshold."""
+        """The job for `step`: its slots (catch-up ones first), and whether it may be abandoned
+        (never a worker's first job of a start: pgc_mpi.core.abandon) and at what cost."""
         settings, scheme = self.settings, self.scheme
-        catch_up = scheme.refresh_slots(self.worker, step, self.versions, settings.refresh_over, self.first)
-        slots = (*catch_up, *scheme.fresh_slots(step, self.worker))
-        abandonable = self.watch is not None and step != self.first
+        slots = scheme.job_slots(self.worker, step, self.versions, settings.refresh_over, self.first)
+        abandonable = self.jobs.abandons and step != self.first
         costs = abandonable and drop_costs_a_gradient(scheme, self.worker, step, slots, self.versions,
                                                       settings.max_staleness, self.first)
-        threshold = self.thresholds.threshold() if self.thresholds is not None else None
         self.expect(step, slots)
         take_data_wait(self.problem)  # what an abandoned job waited is not this job's
-        job = Job(self.worker, step, slots, time.perf_counter(), self.delays.delay(self.worker, step),
-                  settings.compute_time, settings.micro_batches, abandonable, costs, threshold)
-        return WorkerJob(job, self.watch, self.link.stop_requested, self.link.fall_silent)
+        return self.jobs.start_job(step, slots, abandonable, costs)
 
     def expect(self, step: int, slots: tuple[int, ...], before: list[tuple[int, int]] | None = None) -> None:
         """With loaders (--prefetch): the minibatches of the job at `step` (its `slots`, after
@@ -225,21 +215,19 @@ class CodedWorker:
 
     def close(self) -> None:
         """At the stop: receive the notices and the threshold still on their way, confirm the stop."""
-        if self.watch is not None:
-            self.watch.drain()
-        if self.thresholds is not None:
-            self.thresholds.threshold()  # received, if it came after the last job
+        self.jobs.close()
         self.link.confirm_stop()
 
 
 def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: WorkerTransport,
-                      delays: DelayModel, settings: WorkerSettings) -> int:
+                      delays: DelayModel, settings: WorkerSettings, injected: tuple[Fault, ...]) -> int:
     """pbs: compute the next stored partition at the model the master answered with, again and
     again (the answer to the message that completes a step is the updated model). With --servers K
     every server answers every message with its shard of the same step (pgc_mpi.runtime.servers): a model
     put together from shards of different steps is a fault of the servers, not a straggler's lot."""
     version = _one_step(link, link.next_model())
-    faults = for_start(settings.faults, version or 0)
+    faults = for_start(injected, version or 0)
+    jobs = _jobs(worker, link, delays, settings.jobs)
     count = 0
     attempts = 0
     while version is not None:
@@ -248,9 +236,7 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
         if settings.prefetch is not None:  # the draws of its next computations, whatever their models
             expect_draws(problem, [(scheme.partition_for(worker, m), scheme.draw_index(m, m % scheme.c))
                                    for m in range(count, count + 1 + settings.prefetch)])
-        job = WorkerJob(Job(worker, version, (slot,), time.perf_counter(), delays.delay(worker, version, attempts),
-                            settings.compute_time, number=count), interrupted=link.stop_requested,
-                        fall_silent=link.fall_silent)
+        job = jobs.start_job(version, (slot,), number=count, attempt=attempts)
         loss, grad = problem.loss_and_grad(link.model, part, scheme.draw_index(count, slot))
         _put_on_wire(link, grad)
         waited = take_data_wait(problem)
@@ -262,5 +248,6 @@ def _run_table_worker(worker: int, scheme: PbsScheme, problem: Problem, link: Wo
         answer = _one_step(link, link.next_model())
         attempts = attempts + 1 if answer == version else 0
         version = answer
+    jobs.close()
     link.confirm_stop()
     return count

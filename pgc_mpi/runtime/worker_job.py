@@ -1,5 +1,10 @@
-"""One job of an MPI worker (the parameter server's and ddp's): its emulation, its check points and
-DropCompute's stop, in one object.
+"""The jobs of an MPI worker (the parameter server's and ddp's): their emulation, their check points
+and DropCompute's stop, in two objects.
+
+A worker makes its jobs with one WorkerJobs, built from its JobSettings: it begins each job (its
+injected delay, DropCompute's threshold of the moment, the servers' notices for a job that may be
+abandoned), tells the servers of a job dropped, and receives what is still on its way at the stop.
+The worker itself only says which slots a job computes and whether it may be abandoned.
 
 A WorkerJob holds the job's plan (pgc_mpi.core.jobs.Job) and owns what happens to it on a real
 clock: --compute-time's floor and the injected delay are slept (`finish`); with --abandon-late the
@@ -15,9 +20,18 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mpi4py import MPI
 
 from ..core.jobs import Job
+from ..core.stragglers import DelayModel
 from .abandon import Abandoned, DecidedWatch
+from .drop_threshold import threshold_watch
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
 
 log = logging.getLogger("pgc_mpi")
 
@@ -25,6 +39,10 @@ log = logging.getLogger("pgc_mpi")
 def never() -> bool:
     """An `interrupted` that never interrupts."""
     return False
+
+
+def _say_nothing() -> None:
+    """A `fall_silent` with nothing to silence."""
 
 
 def sleep_until(until: float, interrupted: Callable[[], bool] = never) -> None:
@@ -35,7 +53,7 @@ def sleep_until(until: float, interrupted: Callable[[], bool] = never) -> None:
 
 
 def injected_delay(seconds: float, interrupted: Callable[[], bool] = never,
-                   fall_silent: Callable[[], None] = lambda: None) -> float:
+                   fall_silent: Callable[[], None] = _say_nothing) -> float:
     """Sleep like a slow node. A hang (math.inf) never wakes, as a frozen node would not, and says
     nothing more (`fall_silent`: its heartbeats end, so rank 0 declares it lost); a finite delay
     ends early once `interrupted()`. Returns the delay."""
@@ -66,7 +84,7 @@ class WorkerJob:
     `finish` emulates the rest of the job once its gradients are computed."""
 
     def __init__(self, job: Job, watch: DecidedWatch | None = None, interrupted: Callable[[], bool] = never,
-                 fall_silent: Callable[[], None] = lambda: None):
+                 fall_silent: Callable[[], None] = _say_nothing):
         """`watch`: the servers' notices (--abandon-late, a job that may be abandoned); `interrupted`:
         whether the master asks to stop (sleeps end early); `fall_silent`: a hang's silence."""
         self.job, self.interrupted, self.fall_silent = job, interrupted, fall_silent
@@ -137,3 +155,67 @@ class WorkerJob:
         """A check point with `left` seconds of the job still to run, of `gradient_time` a gradient."""
         if self.watch.decided(self.job.step) and self.job.drops_at(left, gradient_time):
             raise Abandoned(self.job.step)
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """How a worker's jobs run besides their computation: --compute-time (every partition gradient
+    takes at least this many seconds; None: as long as it takes), --accumulate (the micro-batches of
+    a partition gradient: its check points), --abandon-late (drop a decided job at a check point:
+    pgc_mpi.runtime.abandon) and --drop-compute (DropCompute's threshold in seconds, or auto)."""
+
+    compute_time: float | None = None
+    micro_batches: int = 1
+    abandon_late: bool = False
+    drop_compute: float | str | None = None
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> JobSettings:
+        """A run's job settings."""
+        return cls(cfg.compute_time, cfg.accumulate, cfg.abandons_late(), cfg.drop_compute)
+
+
+class WorkerJobs:
+    """One worker's jobs, begun one after the other (see the module)."""
+
+    def __init__(self, settings: JobSettings, worker: int, delays: DelayModel, comm: MPI.Comm, servers: int = 1,
+                 interrupted: Callable[[], bool] = never, fall_silent: Callable[[], None] = _say_nothing):
+        """`comm`: where rank 0 sends DropCompute's threshold and the `servers` (ranks 0..servers-1)
+        their notices; `interrupted`, `fall_silent`: as WorkerJob's."""
+        self.settings, self.worker, self.delays = settings, worker, delays
+        self.interrupted, self.fall_silent = interrupted, fall_silent
+        self.watch = DecidedWatch(comm, servers) if settings.abandon_late else None
+        self.thresholds = threshold_watch(comm, settings.drop_compute)
+
+    @property
+    def abandons(self) -> bool:
+        """Whether a job may be dropped once its step is decided (--abandon-late)."""
+        return self.watch is not None
+
+    def start_job(self, step: int, slots: tuple[int, ...], abandonable: bool = False, drop_costs: bool = False,
+              number: int = 0, attempt: int = 0) -> WorkerJob:
+        """The job computing `slots` for the model of `step` begins now: `abandonable` (never a
+        worker's first job of a start: pgc_mpi.core.abandon), at the cost `drop_costs` says;
+        `number`: the worker's jobs before it; `attempt`: its computations at `step` before it (pbs)."""
+        settings = self.settings
+        threshold = self.thresholds.threshold() if self.thresholds is not None else None
+        job = Job(self.worker, step, slots, time.perf_counter(), self.delays.delay(self.worker, step, attempt),
+                  settings.compute_time, settings.micro_batches, abandonable and self.abandons, drop_costs, threshold,
+                  number=number)
+        return WorkerJob(job, self.watch, self.interrupted, self.fall_silent)
+
+    def warm_up(self, began: float, gradients: int, waited: float = 0.0) -> None:
+        """A pipelined worker's warm-up, `gradients` computed since `began`: --compute-time's floor
+        is slept out as a job's (pad_compute); warm-up has no delay and no check points."""
+        pad_compute(began, gradients, self.settings.compute_time, self.interrupted, waited)
+
+    def dropped(self, step: int) -> None:
+        """The job for `step` was abandoned: tell the servers (they answer with the newest model)."""
+        self.watch.answer(step)
+
+    def close(self) -> None:
+        """At the stop: receive the notices and the threshold still on their way."""
+        if self.watch is not None:
+            self.watch.drain()
+        if self.thresholds is not None:
+            self.thresholds.threshold()  # received, if it came after the last job

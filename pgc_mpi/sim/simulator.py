@@ -121,8 +121,8 @@ class SimWorkers:
             self._attempts[(worker, version)] = attempt + 1
             slots, delay = self.scheme.fresh_slots(number, worker), self.delays.delay(worker, version, attempt)
         else:
-            catch_up = self.scheme.refresh_slots(worker, version, self.versions[worker], self.refresh_over)
-            slots, delay = (*catch_up, *self.scheme.fresh_slots(version, worker)), self.delays.delay(worker, version)
+            slots = self.scheme.job_slots(worker, version, self.versions[worker], self.refresh_over)
+            delay = self.delays.delay(worker, version)
         # a worker's first job is never abandoned (pgc_mpi.core.abandon); DropCompute's jobs are dgd's
         job = Job(worker, version, slots, at, delay, self.cfg.compute_time, self.cfg.accumulate,
                   abandonable=self.abandon_late and number > 0, threshold=None if self.table else self.drop,
