@@ -193,7 +193,7 @@ class WorkerJobs:
         return self.watch is not None
 
     def start_job(self, step: int, slots: tuple[int, ...], abandonable: bool = False, drop_costs: bool = False,
-              number: int = 0, attempt: int = 0) -> WorkerJob:
+                  number: int = 0, attempt: int = 0) -> WorkerJob:
         """The job computing `slots` for the model of `step` begins now: `abandonable` (never a
         worker's first job of a start: pgc_mpi.core.abandon), at the cost `drop_costs` says;
         `number`: the worker's jobs before it; `attempt`: its computations at `step` before it (pbs)."""
